@@ -1,0 +1,138 @@
+import type { LockMode } from './validate.js';
+
+/**
+ * The coordinator, seen from core. A backend grants and revokes leases on keys and keeps the
+ * per-key token counter; everything else (waiting with backoff, renewal timers, local validity,
+ * loss detection, events) lives once in core (`Locks`, `Lease`).
+ *
+ * Contract every implementation keeps (the conformance suite in test/conformance checks it):
+ * - A grant increments the key's token counter in the same atomic step and returns the new value;
+ *   the counter never goes back (I1) and two grants never share a value (I2). Shared grants get
+ *   tokens too.
+ * - Expiry is judged by the coordinator's own clock (I7), counted from when the request arrived,
+ *   so the server-side expiry is never earlier than (client send time + ttlMs).
+ * - `renew` and `release` act only when `owner` holds the key (I4); release is idempotent.
+ * - A holder that expires without being released makes the key ungrantable for its `lockDelayMs` (I8).
+ * - Methods reject only with `LeaseholdError`s: `BackendUnavailableError` for I/O failures,
+ *   `InvalidArgumentError` for input the backend cannot store.
+ */
+export interface Backend {
+  /** Short name for messages and metrics, e.g. `sqlite`, `redis`. */
+  readonly name: string;
+  readonly capabilities: BackendCapabilities;
+
+  acquire(request: AcquireRequest): Promise<AcquireResult>;
+  renew(request: RenewRequest): Promise<RenewResult>;
+  release(request: ReleaseRequest): Promise<void>;
+  /** Current holders and waiters of keys starting with `prefix` (all keys when empty). */
+  inspect(prefix: string): Promise<KeyState[]>;
+  /** Closes what the backend opened itself; never a client the user passed in. Idempotent. */
+  close(): Promise<void>;
+
+  /**
+   * Optional wake-up hook: calls `onChange` when the key may have become free (released, expired,
+   * a waiter ahead left). Resolves once the subscription is active, with a function that ends it.
+   * Core subscribes before it re-checks, so a release between the check and the wait is not lost;
+   * it still polls at a bounded interval in case a notification is lost.
+   */
+  subscribe?(key: string, onChange: () => void): Promise<() => void>;
+
+  /** Removes `owner` from the key's wait queue (fair backends); idempotent, best effort. */
+  cancelWait?(request: { key: string; owner: string }): Promise<void>;
+
+  /**
+   * Optional sessions: one renewal per client keeps all of its leases alive. A lease acquired with
+   * `session` lives as long as the session does (its own ttl is the session's); releasing it
+   * removes only that lease; the session ending frees all of them.
+   */
+  sessions?: SessionSupport;
+}
+
+export interface BackendCapabilities {
+  /** Waiters are granted in arrival order when `queue` is set (FIFO, no barging). */
+  readonly fair: boolean;
+  /** Smallest ttl the server supports; shorter requests are rounded up and reported in the grant. */
+  readonly minTtlMs: number;
+}
+
+export interface AcquireRequest {
+  readonly key: string;
+  /** Secret owner id, unique per lease; never leaves the client except to the coordinator. */
+  readonly owner: string;
+  readonly mode: LockMode;
+  readonly ttlMs: number;
+  readonly lockDelayMs: number;
+  /** Public label of the requester (host:pid or user-given) shown to others in diagnostics. */
+  readonly holder: string;
+  /**
+   * The caller will wait if the key is busy: a fair backend enqueues `owner` (or refreshes its
+   * place) and grants only when everyone ahead has been served. The place expires after
+   * `queueTtlMs` unless the caller asks again; core asks again well within it.
+   */
+  readonly queue: boolean;
+  readonly queueTtlMs: number;
+  /** Session id from `sessions.open`, for leases kept alive by the session rather than on their own. */
+  readonly session?: string;
+}
+
+export type AcquireResult =
+  | {
+      readonly granted: true;
+      readonly token: bigint;
+      /** The ttl the coordinator applied (may be rounded up to its minimum). */
+      readonly ttlMs: number;
+    }
+  | {
+      readonly granted: false;
+      /** Public label of a current holder, when known. */
+      readonly holder?: string;
+      /** When the key could become free by expiry or end of lock-delay, if nothing else happens. */
+      readonly retryInMs?: number;
+      /** The request named a session that no longer exists; core ends it and opens a new one. */
+      readonly sessionLost?: boolean;
+    };
+
+export interface RenewRequest {
+  readonly key: string;
+  readonly owner: string;
+  readonly token: bigint;
+  readonly mode: LockMode;
+  readonly ttlMs: number;
+}
+
+export type RenewResult = { readonly renewed: true; readonly ttlMs: number } | { readonly renewed: false };
+
+export interface ReleaseRequest {
+  readonly key: string;
+  readonly owner: string;
+  readonly token: bigint;
+  readonly mode: LockMode;
+}
+
+export interface SessionSupport {
+  /** Opens a session; it lives `ttlMs` from the request unless kept alive. */
+  open(ttlMs: number): Promise<{ id: string; ttlMs: number }>;
+  /** Extends the session by `ttlMs` from the request; `false` when it is already gone. */
+  keepAlive(id: string, ttlMs: number): Promise<boolean>;
+  /** Ends the session and frees every lease attached to it; idempotent. */
+  close(id: string): Promise<void>;
+}
+
+export interface HolderState {
+  readonly mode: LockMode;
+  readonly token: bigint;
+  /** Public label of the holder. */
+  readonly holder: string;
+  /** Milliseconds until the coordinator considers it expired, by the coordinator's clock. */
+  readonly expiresInMs: number;
+}
+
+export interface KeyState {
+  readonly key: string;
+  /** Highest token ever issued for the key. */
+  readonly lastToken: bigint;
+  readonly holders: readonly HolderState[];
+  readonly waiters: number;
+  /** Remaining lock-delay after an expiry without release, 0 if none. */
+  readonly lockDelayRemainingMs: number;
+}

@@ -1,0 +1,88 @@
+/**
+ * The client's notion of time. Durations (validity, renewal, waiting) are measured on a monotonic
+ * clock, never as differences of `Date.now()`. Injectable, so tests can drive time by hand and the
+ * verifier can skew a worker's clock.
+ */
+export interface Clock {
+  /** Monotonic milliseconds; only differences are meaningful. */
+  now(): number;
+  /** Runs `fn` after `ms`; the timer never keeps the process alive. */
+  setTimeout(fn: () => void, ms: number): TimerHandle;
+  clearTimeout(handle: TimerHandle): void;
+}
+
+/** Opaque timer handle of a {@link Clock}. */
+export type TimerHandle = { readonly __timer: unique symbol } | object;
+
+/** setTimeout's upper bound (2^31 − 1 ms); longer delays fire at once in Node, so they are capped. */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/** performance.now() and unref'd Node timers. */
+export const systemClock: Clock = Object.freeze({
+  now: () => performance.now(),
+  setTimeout(fn: () => void, ms: number): TimerHandle {
+    const t = setTimeout(fn, Math.min(Math.max(0, ms), MAX_TIMER_MS));
+    t.unref?.();
+    return t;
+  },
+  clearTimeout(handle: TimerHandle): void {
+    clearTimeout(handle as ReturnType<typeof setTimeout>);
+  },
+});
+
+/** A clock that only moves when told to; timers fire synchronously inside {@link ManualClock.advance}. */
+export interface ManualClock extends Clock {
+  advance(ms: number): void;
+  /** Number of pending timers (for tests that check nothing is left behind). */
+  pending(): number;
+}
+
+export function manualClock(start = 0): ManualClock {
+  let current = start;
+  let seq = 0;
+  const timers = new Map<object, { at: number; seq: number; fn: () => void }>();
+  return {
+    now: () => current,
+    setTimeout(fn, ms) {
+      const handle = {};
+      timers.set(handle, { at: current + Math.max(0, ms), seq: seq++, fn });
+      return handle;
+    },
+    clearTimeout(handle) {
+      timers.delete(handle);
+    },
+    advance(ms) {
+      const target = current + ms;
+      for (;;) {
+        let next: [object, { at: number; seq: number; fn: () => void }] | undefined;
+        for (const entry of timers) {
+          if (entry[1].at > target) continue;
+          if (!next || entry[1].at < next[1].at || (entry[1].at === next[1].at && entry[1].seq < next[1].seq)) next = entry;
+        }
+        if (!next) break;
+        timers.delete(next[0]);
+        current = Math.max(current, next[1].at);
+        next[1].fn();
+      }
+      current = target;
+    },
+    pending: () => timers.size,
+  };
+}
+
+/**
+ * A clock that runs at `rate` times the speed of `base` and is offset by `offsetMs`: the way a
+ * worker with a bad oscillator or a stepped clock sees time. Timers scale with the rate, so a
+ * fast clock fires its timers early in real time, as a real one would.
+ */
+export function skewedClock(base: Clock, skew: { offsetMs?: number; rate?: number }): Clock {
+  const rate = skew.rate ?? 1;
+  const offset = skew.offsetMs ?? 0;
+  if (!(rate > 0) || !Number.isFinite(rate)) throw new RangeError('skewedClock: rate must be a positive finite number');
+  const origin = base.now();
+  return {
+    now: () => origin + offset + (base.now() - origin) * rate,
+    setTimeout: (fn, ms) => base.setTimeout(fn, ms / rate),
+    clearTimeout: (h) => base.clearTimeout(h),
+  };
+}

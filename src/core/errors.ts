@@ -1,0 +1,140 @@
+/**
+ * Every error leasehold throws is one of these classes. Each has a stable `code` (safe to switch
+ * on), a `name`, an optional `cause`, and the diagnostics a user needs. `retryable` says whether
+ * the same call may succeed if simply tried again later.
+ */
+
+export type ErrorCode =
+  | 'ACQUIRE_TIMEOUT'
+  | 'LEASE_LOST'
+  | 'STALE_TOKEN'
+  | 'INVALID_ARGUMENT'
+  | 'BACKEND_UNAVAILABLE';
+
+export abstract class LeaseholdError extends Error {
+  abstract readonly code: ErrorCode;
+  /** True when trying the same operation again later may succeed. */
+  abstract readonly retryable: boolean;
+
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+  }
+}
+
+/** `acquire` waited `waitMs` and the key stayed busy. */
+export class AcquireTimeoutError extends LeaseholdError {
+  override readonly name = 'AcquireTimeoutError';
+  readonly code = 'ACQUIRE_TIMEOUT' as const;
+  readonly retryable = true;
+  readonly key: string;
+  /** How long acquire waited, in milliseconds (monotonic clock). */
+  readonly waitedMs: number;
+  /** The public label of a current holder (never its secret owner id), where the backend knows it. */
+  readonly holder: string | undefined;
+
+  constructor(key: string, waitedMs: number, holder?: string, options?: { cause?: unknown }) {
+    const who = holder === undefined ? '' : `; held by ${holder}`;
+    super(`lock "${key}" still busy after waiting ${Math.round(waitedMs)} ms${who}`, options);
+    this.key = key;
+    this.waitedMs = waitedMs;
+    this.holder = holder;
+  }
+}
+
+/** Why a lease stopped being valid. */
+export type LossReason =
+  /** Local validity (acquire time + ttl − drift) ran out before a renewal succeeded. */
+  | 'expired'
+  /** The coordinator answered that this owner no longer holds the key (expired there, taken over, deleted by an operator). */
+  | 'not-held'
+  /** The session the lease was attached to is gone. */
+  | 'session-lost'
+  /** Not a loss: `renew()` was called after `release()`. */
+  | 'released';
+
+/** The lease is no longer held; `lease.signal` was aborted with this error as its reason. */
+export class LeaseLostError extends LeaseholdError {
+  override readonly name = 'LeaseLostError';
+  readonly code = 'LEASE_LOST' as const;
+  readonly retryable = false;
+  readonly key: string;
+  readonly token: bigint;
+  readonly reason: LossReason;
+
+  constructor(key: string, token: bigint, reason: LossReason, options?: { cause?: unknown }) {
+    super(`lease on "${key}" (token ${token}) lost: ${describeLoss(reason)}`, options);
+    this.key = key;
+    this.token = token;
+    this.reason = reason;
+  }
+}
+
+function describeLoss(reason: LossReason): string {
+  switch (reason) {
+    case 'expired':
+      return 'its validity ran out before a renewal succeeded';
+    case 'not-held':
+      return 'the coordinator no longer holds it for this owner';
+    case 'session-lost':
+      return 'its session expired or was revoked';
+    case 'released':
+      return 'it was released by its holder';
+  }
+}
+
+/** A fence refused a write: a newer token has already been accepted for this resource. */
+export class StaleTokenError extends LeaseholdError {
+  override readonly name = 'StaleTokenError';
+  readonly code = 'STALE_TOKEN' as const;
+  readonly retryable = false;
+  readonly resource: string;
+  readonly token: bigint;
+  readonly highest: bigint;
+
+  constructor(resource: string, token: bigint, highest: bigint) {
+    super(`stale token ${token} for "${resource}": token ${highest} was already accepted`);
+    this.resource = resource;
+    this.token = token;
+    this.highest = highest;
+  }
+}
+
+/** An argument or option is malformed. Nothing was changed. */
+export class InvalidArgumentError extends LeaseholdError {
+  override readonly name = 'InvalidArgumentError';
+  readonly code = 'INVALID_ARGUMENT' as const;
+  readonly retryable = false;
+  /** The argument or option at fault, e.g. `ttlMs` or `key`. */
+  readonly argument: string;
+
+  constructor(argument: string, problem: string, options?: { cause?: unknown }) {
+    super(`invalid ${argument}: ${problem}`, options);
+    this.argument = argument;
+  }
+}
+
+/** The coordinator (or the fence's store) could not be reached or failed; `cause` holds the driver's error. */
+export class BackendUnavailableError extends LeaseholdError {
+  override readonly name = 'BackendUnavailableError';
+  readonly code = 'BACKEND_UNAVAILABLE' as const;
+  readonly retryable = true;
+  readonly backend: string;
+
+  constructor(backend: string, message: string, options?: { cause?: unknown }) {
+    super(`${backend}: ${message}`, options);
+    this.backend = backend;
+  }
+}
+
+/** Every error code with a one-line description; the README's error table is checked against this. */
+export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
+  ACQUIRE_TIMEOUT: 'acquire waited waitMs and the key stayed busy',
+  LEASE_LOST: 'the lease is no longer held; lease.signal was aborted',
+  STALE_TOKEN: 'a fence refused a write because a newer token was already accepted',
+  INVALID_ARGUMENT: 'an argument or option is malformed; nothing was changed',
+  BACKEND_UNAVAILABLE: 'the coordinator or store could not be reached or failed',
+});
+
+export function isLeaseholdError(error: unknown): error is LeaseholdError {
+  return error instanceof LeaseholdError;
+}

@@ -1,0 +1,67 @@
+import type { LeaseholdError, LeaseLostError, LossReason } from './errors.js';
+import type { LockMode } from './validate.js';
+
+/**
+ * Events of a `Locks` instance. Listeners run synchronously; an exception in a listener is caught
+ * and reported as a process warning (it never breaks a renewal or reaches a timer).
+ */
+export interface LockEvents {
+  /** A lease was granted. Does not fire for a `tryAcquire` that found the key busy. */
+  acquired: { key: string; token: bigint; mode: LockMode; ttlMs: number; waitedMs: number };
+  /** A renewal succeeded (background or `lease.renew()`); for session leases, once per session renewal per lease. */
+  renewed: { key: string; token: bigint; ttlMs: number };
+  /** A renewal attempt failed with a transient error; the lease is still valid and will be retried. Does not fire on loss. */
+  renewFailed: { key: string; token: bigint; error: LeaseholdError; remainingMs: number };
+  /** The lease was released by its holder. Does not fire for a lease that was already lost. */
+  released: { key: string; token: bigint; heldMs: number };
+  /** Releasing failed (the coordinator was unreachable); the key frees itself when the ttl runs out. */
+  releaseFailed: { key: string; token: bigint; error: LeaseholdError };
+  /** The lease was lost; `lease.signal` was aborted with `error` at the same moment. Never fires after `released`. */
+  lost: { key: string; token: bigint; reason: LossReason; error: LeaseLostError; heldMs: number };
+  /** `acquire` gave up: timed out or aborted. */
+  acquireFailed: { key: string; waitedMs: number; error: unknown };
+}
+
+export type LockEventName = keyof LockEvents;
+export type LockListener<E extends LockEventName> = (event: LockEvents[E]) => void;
+
+export class TypedEmitter<Events extends object> {
+  readonly #listeners = new Map<keyof Events, Set<(event: never) => void>>();
+
+  on<E extends keyof Events>(name: E, listener: (event: Events[E]) => void): this {
+    let set = this.#listeners.get(name);
+    if (!set) this.#listeners.set(name, (set = new Set()));
+    set.add(listener as (event: never) => void);
+    return this;
+  }
+
+  off<E extends keyof Events>(name: E, listener: (event: Events[E]) => void): this {
+    this.#listeners.get(name)?.delete(listener as (event: never) => void);
+    return this;
+  }
+
+  once<E extends keyof Events>(name: E, listener: (event: Events[E]) => void): this {
+    const wrapper = (event: Events[E]): void => {
+      this.off(name, wrapper);
+      listener(event);
+    };
+    return this.on(name, wrapper);
+  }
+
+  listenerCount(name: keyof Events): number {
+    return this.#listeners.get(name)?.size ?? 0;
+  }
+
+  /** Calls every listener; never throws. */
+  emit<E extends keyof Events>(name: E, event: Events[E]): void {
+    const set = this.#listeners.get(name);
+    if (!set) return;
+    for (const listener of [...set]) {
+      try {
+        (listener as (event: Events[E]) => void)(event);
+      } catch (error) {
+        process.emitWarning(`leasehold: a "${String(name)}" listener threw: ${String(error)}`, { code: 'LEASEHOLD_LISTENER' });
+      }
+    }
+  }
+}

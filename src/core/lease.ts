@@ -1,0 +1,335 @@
+import type { Clock, TimerHandle } from './clock.js';
+import { BackendUnavailableError, LeaseholdError, LeaseLostError, type LossReason } from './errors.js';
+import type { LockEvents, TypedEmitter } from './events.js';
+import type { LockMode } from './validate.js';
+
+/**
+ * A granted lease. Temporary possession, not exclusion: it can be lost at any moment (a pause
+ * longer than the ttl, a partition), so pass `token` (or `sequencer`) to the protected resource's
+ * fence and watch `signal`.
+ */
+export interface Lease extends AsyncDisposable {
+  readonly key: string;
+  /** Fencing token: strictly increasing per key across all grants (I1, I2). */
+  readonly token: bigint;
+  readonly mode: LockMode;
+  /** `lh1.<e|s>.<token>.<key>`: key, mode and token in one header-safe string; `parseSequencer` reads it. */
+  readonly sequencer: string;
+  /** The ttl the coordinator applied (a backend with a minimum lease rounds up). */
+  readonly ttlMs: number;
+  /** Aborted, with a `LeaseLostError` as its reason, when the lease is lost (I6). Not aborted by `release()`. */
+  readonly signal: AbortSignal;
+  /** True while neither released nor lost and local validity has not run out. */
+  readonly held: boolean;
+  /** Milliseconds of local validity left (0 once released or lost). */
+  remainingMs(): number;
+  /**
+   * Renews now (joins a renewal already in flight). Rejects with `LeaseLostError` when the lease is
+   * lost or released, `BackendUnavailableError` when the coordinator could not be reached (the
+   * lease stays valid until its validity runs out, and background renewal keeps trying).
+   */
+  renew(): Promise<void>;
+  /** Releases the key. Idempotent: after a loss, an expiry or a second call it resolves and does nothing. */
+  release(): Promise<void>;
+  toJSON(): { key: string; token: string; mode: LockMode; sequencer: string };
+}
+
+/** What a keeper needs from `Locks`: the clock, events, and the drift margin. */
+export interface LeaseContext {
+  readonly clock: Clock;
+  readonly events: TypedEmitter<LockEvents>;
+  drift(ttlMs: number): number;
+  /** Called once when a lease ends (released or lost), so `Locks` can forget it. */
+  forget(lease: LeaseImpl): void;
+  /** Upper bound of a single coordinator call. */
+  readonly operationTimeoutMs: number;
+}
+
+export type RenewOutcome = { renewed: true; ttlMs: number } | { renewed: false };
+
+/**
+ * Keeps one or more leases alive with one renewal: a single lease (renewed on its own) or a
+ * session (every lease of the session is renewed by one keep-alive). It owns the two timers: the
+ * next renewal, and the end of local validity (I5, I6).
+ */
+export class Keeper {
+  readonly leases = new Set<LeaseImpl>();
+  validUntil: number;
+  ttlMs: number;
+  lostReason: LossReason | undefined;
+  #renewTimer: TimerHandle | undefined;
+  #validityTimer: TimerHandle | undefined;
+  #inFlight: Promise<void> | undefined;
+  #stopped = false;
+
+  constructor(
+    private readonly ctx: LeaseContext,
+    /** One renewal round trip; rejects with a LeaseholdError on transient failure. */
+    private readonly renewOnce: (ttlMs: number) => Promise<RenewOutcome>,
+    sentAt: number,
+    ttlMs: number,
+    private readonly autoRenew: boolean,
+    /** Called when the keeper has no lease left or is lost. */
+    private readonly onIdle: (keeper: Keeper) => void = () => {},
+    /** How a negative renewal answer is reported: a lease that is not held, or a session that is gone. */
+    private readonly goneReason: LossReason = 'not-held',
+  ) {
+    this.ttlMs = ttlMs;
+    this.validUntil = sentAt + ttlMs - ctx.drift(ttlMs);
+    this.#armValidity();
+    this.#scheduleRenewal(ttlMs / 3);
+  }
+
+  get lost(): boolean {
+    return this.lostReason !== undefined;
+  }
+
+  remainingMs(): number {
+    return Math.max(0, this.validUntil - this.ctx.clock.now());
+  }
+
+  /** A new grant made under this keeper at `sentAt` extended it (sessions: the grant refreshes the session). */
+  extend(sentAt: number, ttlMs: number): void {
+    const until = sentAt + ttlMs - this.ctx.drift(ttlMs);
+    if (until > this.validUntil) {
+      this.validUntil = until;
+      this.#armValidity();
+    }
+  }
+
+  add(lease: LeaseImpl): void {
+    this.leases.add(lease);
+  }
+
+  remove(lease: LeaseImpl): void {
+    this.leases.delete(lease);
+    if (this.leases.size === 0) this.onIdle(this);
+  }
+
+  /** Renews now; concurrent callers share one round trip (never overlapping). */
+  renew(): Promise<void> {
+    if (this.lostReason) return Promise.reject(this.#lossError(this.lostReason));
+    this.#inFlight ??= this.#renew().finally(() => {
+      this.#inFlight = undefined;
+    });
+    return this.#inFlight;
+  }
+
+  async #renew(): Promise<void> {
+    const clock = this.ctx.clock;
+    const sentAt = clock.now();
+    let outcome: RenewOutcome;
+    try {
+      outcome = await withTimeout(this.renewOnce(this.ttlMs), clock, Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validUntil - sentAt)), 'renew');
+    } catch (error) {
+      if (this.lostReason || this.#stopped) throw this.lostReason ? this.#lossError(this.lostReason) : toLeaseholdError(error);
+      const err = toLeaseholdError(error);
+      if (!err.retryable) {
+        this.lose(this.goneReason, err);
+        throw this.#lossError(this.goneReason);
+      }
+      const remaining = this.remainingMs();
+      for (const lease of this.leases) this.ctx.events.emit('renewFailed', { key: lease.key, token: lease.token, error: err, remainingMs: remaining });
+      if (remaining > 0) this.#scheduleRenewal(Math.max(5, Math.min(this.ttlMs / 10, remaining / 3)));
+      throw err;
+    }
+    // A late answer cannot revive a lease whose validity already ran out locally.
+    if (this.lostReason) throw this.#lossError(this.lostReason);
+    if (this.#stopped) return;
+    if (!outcome.renewed) {
+      this.lose(this.goneReason);
+      throw this.#lossError(this.goneReason);
+    }
+    this.ttlMs = outcome.ttlMs;
+    this.validUntil = sentAt + outcome.ttlMs - this.ctx.drift(outcome.ttlMs);
+    this.#armValidity();
+    this.#scheduleRenewal(outcome.ttlMs / 3);
+    for (const lease of this.leases) this.ctx.events.emit('renewed', { key: lease.key, token: lease.token, ttlMs: outcome.ttlMs });
+  }
+
+  /** Marks every lease of this keeper lost and aborts their signals. Idempotent. */
+  lose(reason: LossReason, cause?: unknown): void {
+    if (this.lostReason || this.#stopped) return;
+    this.lostReason = reason;
+    this.#clearTimers();
+    for (const lease of [...this.leases]) lease.markLost(reason, cause);
+    this.leases.clear();
+    this.onIdle(this);
+  }
+
+  /** Stops the timers without signalling loss (released, or the session was closed on purpose). */
+  stop(): void {
+    this.#stopped = true;
+    this.#clearTimers();
+  }
+
+  get stopped(): boolean {
+    return this.#stopped;
+  }
+
+  #lossError(reason: LossReason): LeaseLostError {
+    const first = this.leases.values().next().value as LeaseImpl | undefined;
+    return first ? new LeaseLostError(first.key, first.token, reason) : new LeaseLostError('(session)', 0n, reason);
+  }
+
+  #scheduleRenewal(ms: number): void {
+    if (!this.autoRenew || this.#stopped || this.lostReason) return;
+    if (this.#renewTimer) this.ctx.clock.clearTimeout(this.#renewTimer);
+    this.#renewTimer = this.ctx.clock.setTimeout(() => {
+      this.#renewTimer = undefined;
+      // Errors are handled inside #renew (retry scheduled or loss signalled); never let one escape a timer.
+      this.renew().catch(() => {});
+    }, ms);
+  }
+
+  #armValidity(): void {
+    if (this.#stopped || this.lostReason) return;
+    if (this.#validityTimer) this.ctx.clock.clearTimeout(this.#validityTimer);
+    const check = (): void => {
+      this.#validityTimer = undefined;
+      const left = this.validUntil - this.ctx.clock.now();
+      if (left > 0) this.#validityTimer = this.ctx.clock.setTimeout(check, left);
+      else this.lose('expired');
+    };
+    this.#validityTimer = this.ctx.clock.setTimeout(check, Math.max(0, this.validUntil - this.ctx.clock.now()));
+  }
+
+  #clearTimers(): void {
+    if (this.#renewTimer) this.ctx.clock.clearTimeout(this.#renewTimer);
+    if (this.#validityTimer) this.ctx.clock.clearTimeout(this.#validityTimer);
+    this.#renewTimer = this.#validityTimer = undefined;
+  }
+}
+
+export class LeaseImpl implements Lease {
+  readonly key: string;
+  readonly token: bigint;
+  readonly mode: LockMode;
+  readonly sequencer: string;
+  readonly #controller = new AbortController();
+  readonly #ctx: LeaseContext;
+  readonly #keeper: Keeper;
+  readonly #acquiredAt: number;
+  readonly #release: () => Promise<void>;
+  #state: 'held' | 'released' | 'lost' = 'held';
+  #releasing: Promise<void> | undefined;
+
+  constructor(init: {
+    ctx: LeaseContext;
+    keeper: Keeper;
+    key: string;
+    token: bigint;
+    mode: LockMode;
+    sequencer: string;
+    acquiredAt: number;
+    release: () => Promise<void>;
+  }) {
+    this.key = init.key;
+    this.token = init.token;
+    this.mode = init.mode;
+    this.sequencer = init.sequencer;
+    this.#ctx = init.ctx;
+    this.#keeper = init.keeper;
+    this.#acquiredAt = init.acquiredAt;
+    this.#release = init.release;
+  }
+
+  get ttlMs(): number {
+    return this.#keeper.ttlMs;
+  }
+
+  get signal(): AbortSignal {
+    return this.#controller.signal;
+  }
+
+  get held(): boolean {
+    return this.#state === 'held' && this.#keeper.remainingMs() > 0;
+  }
+
+  remainingMs(): number {
+    return this.#state === 'held' ? this.#keeper.remainingMs() : 0;
+  }
+
+  async renew(): Promise<void> {
+    if (this.#state === 'lost') throw this.#controller.signal.reason as LeaseLostError;
+    if (this.#state === 'released') throw new LeaseLostError(this.key, this.token, 'released');
+    try {
+      await this.#keeper.renew();
+    } catch (error) {
+      // The keeper reports loss of the whole session with the first lease's name; report ours.
+      if ((this.#state as string) === 'lost') throw this.#controller.signal.reason as LeaseLostError;
+      throw error;
+    }
+  }
+
+  release(): Promise<void> {
+    if (this.#state !== 'held') return this.#releasing ?? Promise.resolve();
+    this.#state = 'released';
+    this.#keeper.remove(this);
+    this.#ctx.forget(this);
+    const heldMs = this.#ctx.clock.now() - this.#acquiredAt;
+    this.#releasing = this.#release().then(
+      () => this.#ctx.events.emit('released', { key: this.key, token: this.token, heldMs }),
+      (error: unknown) => {
+        const err = toLeaseholdError(error);
+        this.#ctx.events.emit('releaseFailed', { key: this.key, token: this.token, error: err });
+        throw err;
+      },
+    );
+    // A second call resolves quietly even if the first failed.
+    const quiet = this.#releasing.catch(() => {});
+    const first = this.#releasing;
+    this.#releasing = quiet;
+    return first;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.release();
+  }
+
+  /** Called by the keeper: aborts the signal with a LeaseLostError. */
+  markLost(reason: LossReason, cause?: unknown): void {
+    if (this.#state !== 'held') return;
+    this.#state = 'lost';
+    this.#ctx.forget(this);
+    const error = new LeaseLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause });
+    this.#controller.abort(error);
+    this.#ctx.events.emit('lost', { key: this.key, token: this.token, reason, error, heldMs: this.#ctx.clock.now() - this.#acquiredAt });
+  }
+
+  toJSON(): { key: string; token: string; mode: LockMode; sequencer: string } {
+    return { key: this.key, token: this.token.toString(), mode: this.mode, sequencer: this.sequencer };
+  }
+}
+
+/** Bounds a coordinator call; a late answer is left to `onLate` (e.g. release a grant nobody waits for). */
+export function withTimeout<T>(promise: Promise<T>, clock: Clock, ms: number, what: string, onLate?: (value: T) => void): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    let timedOut = false;
+    const timer = clock.setTimeout(() => {
+      timedOut = true;
+      reject(new BackendUnavailableError('leasehold', `${what} got no answer within ${Math.round(ms)} ms`));
+    }, ms);
+    promise.then(
+      (value) => {
+        if (timedOut) onLate?.(value);
+        else {
+          clock.clearTimeout(timer);
+          resolve(value);
+        }
+      },
+      (error: unknown) => {
+        if (!timedOut) {
+          clock.clearTimeout(timer);
+          reject(error);
+        }
+      },
+    );
+  });
+}
+
+/** Backends reject with LeaseholdErrors; anything else (a bug, a driver surprise) is treated as transient unavailability. */
+export function toLeaseholdError(error: unknown): LeaseholdError {
+  if (error instanceof LeaseholdError) return error;
+  return new BackendUnavailableError('leasehold', error instanceof Error ? error.message : String(error), { cause: error });
+}

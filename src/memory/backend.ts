@@ -1,0 +1,304 @@
+import type {
+  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
+} from '../core/backend.js';
+import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
+import { checkObject, checkKnownOptions, checkBoolean } from '../core/validate.js';
+import { InvalidArgumentError } from '../core/errors.js';
+import type { LockMode } from '../core/validate.js';
+
+export interface MemoryBackendOptions {
+  /** The coordinator's clock (the one that judges expiry). @default systemClock */
+  clock?: Clock;
+  /**
+   * Offer sessions: one keep-alive per client and ttl keeps all its leases (as Redis and etcd do).
+   * Off, each lease is renewed on its own. @default false
+   */
+  sessions?: boolean;
+}
+
+interface Holder {
+  mode: LockMode;
+  token: bigint;
+  holder: string;
+  expiresAt: number;
+  lockDelayMs: number;
+  session: string | undefined;
+}
+
+interface Waiter {
+  owner: string;
+  mode: LockMode;
+  expiresAt: number;
+}
+
+interface KeyRecord {
+  lastToken: bigint;
+  holders: Map<string, Holder>;
+  queue: Waiter[];
+  delayUntil: number;
+  timer: TimerHandle | undefined;
+  timerAt: number;
+}
+
+/** Expired sessions are remembered this long, so the lock-delay of their leases can still be computed. */
+const SESSION_TOMBSTONE_MS = 3_600_000;
+
+/**
+ * Leases in this process only: for tests, and for coordinating tasks inside one Node process.
+ * Tokens start at 1 and live as long as the backend object; nothing survives a restart.
+ * Waiters are woken on release, expiry and queue changes, and served in arrival order.
+ */
+export function memoryBackend(options?: MemoryBackendOptions): Backend {
+  const o = checkObject(options, 'options');
+  checkKnownOptions(o, ['clock', 'sessions'], 'options');
+  const clock = (o.clock as Clock | undefined) ?? systemClock;
+  const withSessions = o.sessions === undefined ? false : checkBoolean(o.sessions, 'options.sessions');
+  const keys = new Map<string, KeyRecord>();
+  const sessionTable = new Map<string, { expiresAt: number }>();
+  const subscribers = new Map<string, Set<() => void>>();
+  let closed = false;
+
+  const ensureOpen = (): void => {
+    if (closed) throw new InvalidArgumentError('backend', 'this memory backend was closed');
+  };
+
+  const record = (key: string): KeyRecord => {
+    let r = keys.get(key);
+    if (!r) keys.set(key, (r = { lastToken: 0n, holders: new Map(), queue: [], delayUntil: -Infinity, timer: undefined, timerAt: Infinity }));
+    return r;
+  };
+
+  const expiryOf = (h: Holder): number => {
+    if (h.session === undefined) return h.expiresAt;
+    return sessionTable.get(h.session)?.expiresAt ?? -Infinity;
+  };
+
+  const notify = (key: string): void => {
+    const set = subscribers.get(key);
+    if (set) for (const fn of [...set]) fn();
+  };
+
+  /** Drops expired holders (starting their lock-delay) and expired queue places. Returns true if anything changed. */
+  const purge = (key: string, r: KeyRecord, now: number): boolean => {
+    let changed = false;
+    for (const [owner, h] of r.holders) {
+      const expiry = expiryOf(h);
+      if (expiry <= now) {
+        r.holders.delete(owner);
+        if (h.lockDelayMs > 0 && expiry > -Infinity) r.delayUntil = Math.max(r.delayUntil, expiry + h.lockDelayMs);
+        changed = true;
+      }
+    }
+    const before = r.queue.length;
+    r.queue = r.queue.filter((w) => w.expiresAt > now);
+    if (r.queue.length !== before) changed = true;
+    return changed;
+  };
+
+  /** Arms one timer per key at its next expiry, so waiters hear about expiries, not only releases. */
+  const arm = (key: string, r: KeyRecord): void => {
+    const now = clock.now();
+    let next = Infinity;
+    for (const h of r.holders.values()) next = Math.min(next, expiryOf(h));
+    for (const w of r.queue) next = Math.min(next, w.expiresAt);
+    if (r.delayUntil > now) next = Math.min(next, r.delayUntil);
+    if (next === r.timerAt) return;
+    if (r.timer) clock.clearTimeout(r.timer);
+    r.timer = undefined;
+    r.timerAt = next;
+    if (next === Infinity || !subscribers.has(key)) return;
+    r.timer = clock.setTimeout(() => {
+      r.timer = undefined;
+      r.timerAt = Infinity;
+      purge(key, r, clock.now());
+      notify(key);
+      arm(key, r);
+    }, Math.max(0, next - now));
+  };
+
+  const compatible = (r: KeyRecord, mode: LockMode): boolean => {
+    if (r.holders.size === 0) return true;
+    if (mode === 'exclusive') return false;
+    for (const h of r.holders.values()) if (h.mode !== 'shared') return false;
+    return true;
+  };
+
+  /** Under fairness, a request may go only when everyone queued ahead of it could go with it. */
+  const clearAhead = (r: KeyRecord, owner: string, mode: LockMode): boolean => {
+    for (const w of r.queue) {
+      if (w.owner === owner) return true;
+      if (mode === 'exclusive' || w.mode === 'exclusive') return false;
+    }
+    return true;
+  };
+
+  const sessions: SessionSupport | undefined = withSessions
+    ? {
+        async open(ttlMs) {
+          ensureOpen();
+          const id = globalThis.crypto.randomUUID();
+          sessionTable.set(id, { expiresAt: clock.now() + ttlMs });
+          return { id, ttlMs };
+        },
+        async keepAlive(id, ttlMs) {
+          ensureOpen();
+          const now = clock.now();
+          const s = sessionTable.get(id);
+          if (!s || s.expiresAt <= now) return false;
+          s.expiresAt = now + ttlMs;
+          for (const [key, r] of keys) if ([...r.holders.values()].some((h) => h.session === id)) arm(key, r);
+          return true;
+        },
+        async close(id) {
+          ensureOpen();
+          const s = sessionTable.get(id);
+          if (!s) return;
+          const now = clock.now();
+          // A live session closed on purpose releases its leases (no lock-delay); an expired one keeps
+          // its tombstone so purge can start the lock-delay of its leases.
+          if (s.expiresAt > now) sessionTable.delete(id);
+          for (const [key, r] of keys) {
+            if (purge(key, r, now)) {
+              notify(key);
+              arm(key, r);
+            }
+          }
+        },
+      }
+    : undefined;
+
+  const backend: Backend = {
+    name: 'memory',
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+
+    async acquire(req: AcquireRequest): Promise<AcquireResult> {
+      ensureOpen();
+      const now = clock.now();
+      const r = record(req.key);
+      purge(req.key, r, now);
+      for (const [id, s] of sessionTable) if (s.expiresAt < now - SESSION_TOMBSTONE_MS) sessionTable.delete(id);
+      if (req.session !== undefined) {
+        const s = sessionTable.get(req.session);
+        if (!s || s.expiresAt <= now) return { granted: false, sessionLost: true };
+      }
+      const mine = r.holders.get(req.owner);
+      if (mine) return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+
+      const free = compatible(r, req.mode) && now >= r.delayUntil;
+      const inQueue = r.queue.findIndex((w) => w.owner === req.owner);
+      // A queued request goes when everyone ahead could go with it; an unqueued one (tryAcquire) never barges past waiters.
+      const mayGo = free && (req.queue ? clearAhead(r, req.owner, req.mode) : r.queue.length === 0);
+      if (mayGo) {
+        r.lastToken += 1n;
+        r.holders.set(req.owner, {
+          mode: req.mode,
+          token: r.lastToken,
+          holder: req.holder,
+          expiresAt: now + req.ttlMs,
+          lockDelayMs: req.lockDelayMs,
+          session: req.session,
+        });
+        if (inQueue >= 0) {
+          r.queue.splice(inQueue, 1);
+          notify(req.key); // the next shared waiter may now be at the head
+        }
+        arm(req.key, r);
+        return { granted: true, token: r.lastToken, ttlMs: req.ttlMs };
+      }
+      if (req.queue) {
+        if (inQueue >= 0) r.queue[inQueue]!.expiresAt = now + req.queueTtlMs;
+        else r.queue.push({ owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs });
+      }
+      arm(req.key, r);
+      let soonest = r.delayUntil > now ? r.delayUntil : Infinity;
+      let holder: string | undefined;
+      for (const h of r.holders.values()) {
+        holder ??= h.holder;
+        soonest = Math.min(soonest, Math.max(expiryOf(h), r.delayUntil));
+      }
+      return soonest === Infinity ? { granted: false, holder } : { granted: false, holder, retryInMs: Math.max(0, soonest - now) };
+    },
+
+    async renew(req: RenewRequest): Promise<RenewResult> {
+      ensureOpen();
+      const now = clock.now();
+      const r = keys.get(req.key);
+      if (!r) return { renewed: false };
+      purge(req.key, r, now);
+      const h = r.holders.get(req.owner);
+      if (!h || h.token !== req.token) return { renewed: false };
+      if (h.session === undefined) h.expiresAt = now + req.ttlMs;
+      else if (!sessions || !(await sessions.keepAlive(h.session, req.ttlMs))) return { renewed: false };
+      arm(req.key, r);
+      return { renewed: true, ttlMs: req.ttlMs };
+    },
+
+    async release(req: ReleaseRequest): Promise<void> {
+      ensureOpen();
+      const r = keys.get(req.key);
+      if (!r) return;
+      purge(req.key, r, clock.now());
+      const h = r.holders.get(req.owner);
+      if (!h || h.token !== req.token) return;
+      r.holders.delete(req.owner);
+      notify(req.key);
+      arm(req.key, r);
+    },
+
+    async cancelWait({ key, owner }) {
+      const r = keys.get(key);
+      if (!r) return;
+      const i = r.queue.findIndex((w) => w.owner === owner);
+      if (i < 0) return;
+      r.queue.splice(i, 1);
+      notify(key);
+      arm(key, r);
+    },
+
+    async subscribe(key: string, onChange: () => void) {
+      ensureOpen();
+      let set = subscribers.get(key);
+      if (!set) subscribers.set(key, (set = new Set()));
+      set.add(onChange);
+      const r = keys.get(key);
+      if (r) {
+        r.timerAt = NaN; // force re-arm now that someone listens
+        arm(key, r);
+      }
+      return () => {
+        set.delete(onChange);
+        if (set.size === 0) subscribers.delete(key);
+      };
+    },
+
+    async inspect(prefix: string): Promise<KeyState[]> {
+      ensureOpen();
+      const now = clock.now();
+      const out: KeyState[] = [];
+      for (const [key, r] of [...keys].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
+        if (!key.startsWith(prefix)) continue;
+        purge(key, r, now);
+        const delay = Math.max(0, r.delayUntil - now);
+        if (r.holders.size === 0 && r.queue.length === 0 && delay === 0) continue;
+        out.push({
+          key,
+          lastToken: r.lastToken,
+          holders: [...r.holders.values()].map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, expiryOf(h) - now) })),
+          waiters: r.queue.length,
+          lockDelayRemainingMs: delay,
+        });
+      }
+      return out;
+    },
+
+    async close() {
+      if (closed) return;
+      closed = true;
+      for (const r of keys.values()) if (r.timer) clock.clearTimeout(r.timer);
+      for (const set of subscribers.values()) for (const fn of set) fn();
+      subscribers.clear();
+    },
+  };
+  if (sessions) backend.sessions = sessions;
+  return backend;
+}

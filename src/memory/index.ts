@@ -1,0 +1,2 @@
+export { memoryBackend, type MemoryBackendOptions } from './backend.js';
+export { memoryFence } from './fence.js';

@@ -1,0 +1,2 @@
+export { postgresFence, type PostgresFenceOptions } from './fence.js';
+export type { PgClient, PgPool } from './util.js';

@@ -1,0 +1,67 @@
+import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
+import { describe } from '../core/validate.js';
+
+/** The few methods of a pg `PoolClient` that leasehold calls (typed structurally). */
+export interface PgClient {
+  query(text: string, values?: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null; command?: string }>;
+  release(destroy?: boolean | Error): void;
+}
+
+/** The few methods of a pg `Pool` that leasehold calls. */
+export interface PgPool {
+  connect(): Promise<PgClient>;
+  query(text: string, values?: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null }>;
+}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_$]{0,62}$/;
+
+export function checkPgIdentifier(value: unknown, argument: string): string {
+  if (typeof value !== 'string' || !IDENTIFIER.test(value)) {
+    throw new InvalidArgumentError(argument, `expected a SQL identifier (letters, digits, _, $; at most 63), got ${describe(value)}`);
+  }
+  return value;
+}
+
+/** Quotes an identifier for PostgreSQL (names are validated too; quoting keeps case and reserved words safe). */
+export function quotePg(name: string): string {
+  return `"${name.replace(/"/g, '""')}"`;
+}
+
+export function checkPool(value: unknown, argument: string): PgPool {
+  const p = value as PgPool | null;
+  if (typeof p !== 'object' || p === null || typeof p.connect !== 'function' || typeof p.query !== 'function') {
+    throw new InvalidArgumentError(argument, `expected a pg Pool (connect, query), got ${describe(value)}`);
+  }
+  return p;
+}
+
+/**
+ * Driver and server failures become BackendUnavailableError, classified by SQLSTATE class or the
+ * Node error code, never by message text. The original error is kept as `cause`.
+ */
+export function mapPgError(what: string, error: unknown): LeaseholdError {
+  if (error instanceof LeaseholdError) return error;
+  const e = error as { code?: unknown; message?: unknown } | null;
+  const code = typeof e?.code === 'string' ? e.code : undefined;
+  const message = typeof e?.message === 'string' ? e.message : String(error);
+  return new BackendUnavailableError('postgres', `${what} failed${code ? ` (${code})` : ''}: ${message}`, { cause: error });
+}
+
+/** Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent first uses do not race in the catalog. */
+export async function createOnce(pool: PgPool, lockName: string, statements: string[]): Promise<void> {
+  const client = await pool.connect();
+  let broken: Error | undefined;
+  try {
+    await client.query('BEGIN');
+    await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
+    for (const sql of statements) await client.query(sql);
+    await client.query('COMMIT');
+  } catch (error) {
+    await client.query('ROLLBACK').catch((e: Error) => {
+      broken = e;
+    });
+    throw error;
+  } finally {
+    client.release(broken);
+  }
+}

@@ -1,0 +1,321 @@
+import Database from 'better-sqlite3';
+import type {
+  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult,
+} from '../core/backend.js';
+import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
+import { checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
+import {
+  checkIdentifier, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase,
+} from './util.js';
+
+export interface SqliteBackendOptions {
+  /** Database file; created if missing. Give this or `database`. */
+  path?: string;
+  /** A better-sqlite3 Database you already have (its journal mode and lifetime stay yours). */
+  database?: SqliteDatabase;
+  /** Table of current holders; the token counters and wait queue live in `<table>_tokens` and `<table>_waiters`. @default 'leasehold_locks' */
+  table?: string;
+  /** The coordinator's clock (tests inject one). @default the machine's monotonic clock, tagged with its boot id */
+  clock?: MachineClock;
+}
+
+/** How often a waiting process checks `PRAGMA data_version` for commits made by other processes. */
+const CHANGE_POLL_MS = 20;
+/** Our connection's own busy timeout: short, so a busy database never blocks the event loop for long (retries are async). */
+const BUSY_TIMEOUT_MS = 100;
+
+/**
+ * Leases shared by the processes of one machine through one SQLite file (WAL). Expiry is judged
+ * by the machine's monotonic clock (I7); tokens are committed with synchronous=FULL, so they
+ * survive process crashes and power loss (I1). Not for network filesystems: SQLite's locking
+ * is not reliable there.
+ */
+export function sqliteBackend(options: SqliteBackendOptions): Backend {
+  const o = checkObject(options, 'options');
+  checkKnownOptions(o, ['path', 'database', 'table', 'clock'], 'options');
+  if ((o.path === undefined) === (o.database === undefined)) throw new InvalidArgumentError('options', 'give exactly one of path or database');
+  if (o.path !== undefined && (typeof o.path !== 'string' || o.path.length === 0)) {
+    throw new InvalidArgumentError('path', `expected a file path, got ${describe(o.path)}`);
+  }
+  if (o.database !== undefined && typeof (o.database as SqliteDatabase).prepare !== 'function') {
+    throw new InvalidArgumentError('database', 'expected a better-sqlite3 Database');
+  }
+  const table = checkIdentifier(o.table ?? 'leasehold_locks', 'table');
+  const clock = (o.clock as MachineClock | undefined) ?? machineClock();
+  const ownsDb = o.path !== undefined;
+
+  const locksT = quoteIdent(table);
+  const tokensT = quoteIdent(`${table}_tokens`);
+  const waitersT = quoteIdent(`${table}_waiters`);
+
+  const SCHEMA = `
+    CREATE TABLE IF NOT EXISTS ${tokensT} (
+      key TEXT PRIMARY KEY NOT NULL,
+      last_token INTEGER NOT NULL,
+      delay_until INTEGER NOT NULL DEFAULT 0,
+      delay_epoch TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS ${locksT} (
+      key TEXT NOT NULL,
+      owner TEXT NOT NULL,
+      mode TEXT NOT NULL CHECK (mode IN ('exclusive', 'shared')),
+      token INTEGER NOT NULL,
+      holder TEXT NOT NULL,
+      expires_at INTEGER NOT NULL,
+      epoch TEXT NOT NULL,
+      lock_delay_ms INTEGER NOT NULL,
+      PRIMARY KEY (key, owner)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS ${waitersT} (
+      key TEXT NOT NULL,
+      owner TEXT NOT NULL,
+      mode TEXT NOT NULL,
+      seq INTEGER NOT NULL,
+      expires_at INTEGER NOT NULL,
+      epoch TEXT NOT NULL,
+      PRIMARY KEY (key, owner)
+    ) WITHOUT ROWID;`;
+  const SELECT_HOLDERS = `SELECT owner, mode, token, holder, expires_at, epoch, lock_delay_ms FROM ${locksT} WHERE key = ?`;
+  const DELETE_HOLDER = `DELETE FROM ${locksT} WHERE key = ? AND owner = ?`;
+  const DELETE_HOLDER_WITH_TOKEN = `DELETE FROM ${locksT} WHERE key = ? AND owner = ? AND token = ?`;
+  const INSERT_HOLDER = `INSERT INTO ${locksT} (key, owner, mode, token, holder, expires_at, epoch, lock_delay_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`;
+  const RENEW_HOLDER = `UPDATE ${locksT} SET expires_at = ? WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ?`;
+  const SELECT_TOKEN_ROW = `SELECT last_token, delay_until, delay_epoch FROM ${tokensT} WHERE key = ?`;
+  /** The grant's token: the key's counter raised in the same transaction as the holder row (I1, I2). */
+  const NEXT_TOKEN = `INSERT INTO ${tokensT} (key, last_token) VALUES (?, 1)
+    ON CONFLICT (key) DO UPDATE SET last_token = last_token + 1 RETURNING last_token`;
+  const SET_DELAY = `UPDATE ${tokensT} SET delay_until = ?, delay_epoch = ? WHERE key = ?`;
+  const PURGE_WAITERS = `DELETE FROM ${waitersT} WHERE key = ? AND (expires_at <= ? OR epoch <> ?)`;
+  const SELECT_WAITERS = `SELECT owner, mode FROM ${waitersT} WHERE key = ? ORDER BY seq`;
+  const ENQUEUE = `INSERT INTO ${waitersT} (key, owner, mode, seq, expires_at, epoch)
+    VALUES (@key, @owner, @mode, (SELECT coalesce(max(seq), 0) + 1 FROM ${waitersT} WHERE key = @key), @expiresAt, @epoch)
+    ON CONFLICT (key, owner) DO UPDATE SET expires_at = excluded.expires_at`;
+  const DEQUEUE = `DELETE FROM ${waitersT} WHERE key = ? AND owner = ?`;
+  const LIST_KEYS = `SELECT key FROM ${locksT} WHERE substr(key, 1, @n) = @prefix
+    UNION SELECT key FROM ${waitersT} WHERE substr(key, 1, @n) = @prefix
+    UNION SELECT key FROM ${tokensT} WHERE substr(key, 1, @n) = @prefix AND delay_until > 0
+    ORDER BY key`;
+  const COUNT_WAITERS = `SELECT count(*) AS n FROM ${waitersT} WHERE key = ?`;
+
+  let db: SqliteDatabase;
+  try {
+    db = ownsDb ? (new Database(o.path as string, { timeout: BUSY_TIMEOUT_MS }) as unknown as SqliteDatabase) : (o.database as SqliteDatabase);
+  } catch (cause) {
+    throw new BackendUnavailableError('sqlite', `cannot open ${o.path as string}: ${(cause as Error).message}`, { cause });
+  }
+
+  let ready: Promise<void> | undefined;
+  /** Creates the tables on first use; safe when several processes start at once (IMMEDIATE transaction, busy retry). */
+  const init = (): Promise<void> =>
+    (ready ??= (async () => {
+      if (ownsDb) {
+        await retryBusy('enable WAL', () => db.pragma('journal_mode = WAL'));
+        db.pragma('synchronous = FULL');
+      }
+      await retryBusy('create tables', () => db.transaction(() => db.exec(SCHEMA)).immediate());
+    })().catch((error: unknown) => {
+      ready = undefined;
+      throw mapError('open', error);
+    }));
+
+  type Prepared = Record<'selectHolders' | 'deleteHolder' | 'deleteHolderWithToken' | 'insertHolder' | 'renewHolder' | 'selectTokenRow' | 'nextToken' | 'setDelay' | 'purgeWaiters' | 'selectWaiters' | 'enqueue' | 'dequeue' | 'listKeys' | 'countWaiters', ReturnType<SqliteDatabase['prepare']>>;
+  let prepared: Prepared | undefined;
+  const st = (): Prepared =>
+    (prepared ??= {
+      selectHolders: db.prepare(SELECT_HOLDERS).safeIntegers(true),
+      deleteHolder: db.prepare(DELETE_HOLDER),
+      deleteHolderWithToken: db.prepare(DELETE_HOLDER_WITH_TOKEN),
+      insertHolder: db.prepare(INSERT_HOLDER),
+      renewHolder: db.prepare(RENEW_HOLDER),
+      selectTokenRow: db.prepare(SELECT_TOKEN_ROW).safeIntegers(true),
+      nextToken: db.prepare(NEXT_TOKEN).safeIntegers(true),
+      setDelay: db.prepare(SET_DELAY),
+      purgeWaiters: db.prepare(PURGE_WAITERS),
+      selectWaiters: db.prepare(SELECT_WAITERS),
+      enqueue: db.prepare(ENQUEUE),
+      dequeue: db.prepare(DEQUEUE),
+      listKeys: db.prepare(LIST_KEYS),
+      countWaiters: db.prepare(COUNT_WAITERS),
+    });
+
+  interface HolderRow { owner: string; mode: LockMode; token: bigint; holder: string; expires_at: bigint; epoch: string; lock_delay_ms: bigint }
+
+  /** Removes expired holders of `key` (starting their lock-delay, I8) and expired queue places; returns the live holders. */
+  const purge = (key: string, now: number, epoch: string): HolderRow[] => {
+    const s = st();
+    const live: HolderRow[] = [];
+    let delayUntil = 0;
+    for (const row of s.selectHolders.all(key) as HolderRow[]) {
+      const sameEpoch = row.epoch === epoch;
+      const expiresAt = Number(row.expires_at);
+      if (sameEpoch && expiresAt > now) {
+        live.push(row);
+        continue;
+      }
+      s.deleteHolder.run(key, row.owner);
+      if (sameEpoch && row.lock_delay_ms > 0n) delayUntil = Math.max(delayUntil, expiresAt + Number(row.lock_delay_ms));
+    }
+    if (delayUntil > 0) {
+      const t = s.selectTokenRow.get(key) as { delay_until: bigint; delay_epoch: string } | undefined;
+      const current = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
+      if (delayUntil > current) s.setDelay.run(delayUntil, epoch, key);
+    }
+    s.purgeWaiters.run(key, now, epoch);
+    return live;
+  };
+
+  const acquireTx = (req: AcquireRequest): AcquireResult => {
+    const s = st();
+    const now = clock.now();
+    const epoch = clock.epoch;
+    const holders = purge(req.key, now, epoch);
+    const mine = holders.find((h) => h.owner === req.owner);
+    if (mine) return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+    const t = s.selectTokenRow.get(req.key) as { delay_until: bigint; delay_epoch: string } | undefined;
+    const delayUntil = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
+    const compatible = holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared'));
+    const waiters = s.selectWaiters.all(req.key) as { owner: string; mode: LockMode }[];
+    let clearAhead = true;
+    if (req.queue) {
+      for (const w of waiters) {
+        if (w.owner === req.owner) break;
+        if (req.mode === 'exclusive' || w.mode === 'exclusive') {
+          clearAhead = false;
+          break;
+        }
+      }
+    } else clearAhead = waiters.length === 0;
+
+    if (compatible && now >= delayUntil && clearAhead) {
+      const { last_token: token } = s.nextToken.get(req.key) as { last_token: bigint };
+      s.insertHolder.run(req.key, req.owner, req.mode, token, req.holder, now + req.ttlMs, epoch, req.lockDelayMs);
+      s.dequeue.run(req.key, req.owner);
+      return { granted: true, token, ttlMs: req.ttlMs };
+    }
+    if (req.queue) s.enqueue.run({ key: req.key, owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs, epoch });
+    let soonest = delayUntil > now ? delayUntil : Infinity;
+    for (const h of holders) soonest = Math.min(soonest, Math.max(Number(h.expires_at), delayUntil));
+    const busy = { granted: false as const, holder: holders[0]?.holder };
+    return soonest === Infinity ? busy : { ...busy, retryInMs: Math.max(0, soonest - now) };
+  };
+
+  // Wake-ups: our own commits notify subscribers of this backend directly; commits by other
+  // processes are seen by polling PRAGMA data_version (cheap, no lock) while anyone waits.
+  const subscribers = new Set<() => void>();
+  let pollTimer: ReturnType<typeof setInterval> | undefined;
+  let lastVersion = -1;
+  const notifyAll = (): void => {
+    for (const fn of [...subscribers]) fn();
+  };
+  const startPolling = (): void => {
+    if (pollTimer || !db.open) return;
+    lastVersion = Number(db.pragma('data_version', { simple: true }));
+    pollTimer = setInterval(() => {
+      try {
+        const v = Number(db.pragma('data_version', { simple: true }));
+        if (v !== lastVersion) {
+          lastVersion = v;
+          notifyAll();
+        }
+      } catch {
+        // The database was closed or is unreadable; waiters fall back to core's periodic re-check.
+      }
+    }, CHANGE_POLL_MS);
+    pollTimer.unref();
+  };
+  const stopPolling = (): void => {
+    if (pollTimer) clearInterval(pollTimer);
+    pollTimer = undefined;
+  };
+
+  let closed = false;
+  const run = async <T>(what: string, op: () => T): Promise<T> => {
+    if (closed) throw new InvalidArgumentError('backend', 'this sqlite backend was closed');
+    await init();
+    try {
+      return await retryBusy(what, op);
+    } catch (error) {
+      throw mapError(what, error);
+    }
+  };
+
+  return {
+    name: 'sqlite',
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+
+    acquire: (req) => run('acquire', () => db.transaction(acquireTx).immediate(req)),
+
+    async renew(req: RenewRequest): Promise<RenewResult> {
+      return run('renew', () => {
+        const now = clock.now();
+        const { changes } = st().renewHolder.run(now + req.ttlMs, req.key, req.owner, req.token, clock.epoch, now);
+        return changes === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
+      });
+    },
+
+    async release(req: ReleaseRequest): Promise<void> {
+      // Purge first: a holder that already expired is not "released" — its lock-delay starts (I8).
+      const { changes } = await run('release', () =>
+        db.transaction(() => {
+          purge(req.key, clock.now(), clock.epoch);
+          return st().deleteHolderWithToken.run(req.key, req.owner, req.token);
+        }).immediate(),
+      );
+      if (changes > 0) notifyAll();
+    },
+
+    async cancelWait({ key, owner }) {
+      const { changes } = await run('cancel wait', () => st().dequeue.run(key, owner));
+      if (changes > 0) notifyAll();
+    },
+
+    async subscribe(_key: string, onChange: () => void) {
+      await run('subscribe', () => startPolling());
+      subscribers.add(onChange);
+      return () => {
+        subscribers.delete(onChange);
+        if (subscribers.size === 0) stopPolling();
+      };
+    },
+
+    async inspect(prefix: string): Promise<KeyState[]> {
+      return run('inspect', () =>
+        db.transaction((): KeyState[] => {
+          const s = st();
+          const now = clock.now();
+          const out: KeyState[] = [];
+          for (const { key } of s.listKeys.all({ n: [...prefix].length, prefix }) as { key: string }[]) {
+            const holders = purge(key, now, clock.epoch);
+            const t = s.selectTokenRow.get(key) as { last_token: bigint; delay_until: bigint; delay_epoch: string } | undefined;
+            const delay = t && t.delay_epoch === clock.epoch ? Math.max(0, Number(t.delay_until) - now) : 0;
+            const waiters = Number((s.countWaiters.get(key) as { n: number }).n);
+            if (holders.length === 0 && waiters === 0 && delay === 0) continue;
+            out.push({
+              key,
+              lastToken: t?.last_token ?? 0n,
+              holders: holders.map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, Number(h.expires_at) - now) })),
+              waiters,
+              lockDelayRemainingMs: delay,
+            });
+          }
+          return out;
+        }).immediate(),
+      );
+    },
+
+    async close() {
+      if (closed) return;
+      closed = true;
+      stopPolling();
+      notifyAll();
+      subscribers.clear();
+      if (ownsDb && db.open) db.close();
+    },
+  };
+}
+
+function mapError(what: string, error: unknown): LeaseholdError {
+  if (error instanceof LeaseholdError) return error;
+  if (isSqliteError(error)) return new BackendUnavailableError('sqlite', `${what} failed: ${(error as Error).message}`, { cause: error });
+  return new BackendUnavailableError('sqlite', `${what} failed: ${String((error as Error)?.message ?? error)}`, { cause: error });
+}

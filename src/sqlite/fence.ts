@@ -1,0 +1,70 @@
+import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
+import type { Fence } from '../core/fence.js';
+import { toToken, type TokenInput } from '../core/token.js';
+import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
+import { checkIdentifier, quoteIdent, retryBusy, type SqliteDatabase } from './util.js';
+
+export interface SqliteFenceOptions {
+  /** Table of high-water marks, in the same database as the data it protects. @default 'leasehold_fences' */
+  table?: string;
+}
+
+/**
+ * A fence for data in a SQLite database: the high-water marks live in the same database, and the
+ * check, the mark and `mutate(db)` commit in one IMMEDIATE transaction. `mutate` runs
+ * synchronously inside it (better-sqlite3 is synchronous); returning a promise is refused.
+ */
+export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): Fence<SqliteDatabase> {
+  if (typeof db !== 'object' || db === null || typeof db.prepare !== 'function' || typeof db.transaction !== 'function') {
+    throw new InvalidArgumentError('db', `expected a better-sqlite3 Database, got ${describe(db)}`);
+  }
+  const o = checkObject(options, 'options');
+  checkKnownOptions(o, ['table'], 'options');
+  const table = quoteIdent(checkIdentifier(o.table ?? 'leasehold_fences', 'table'));
+
+  const CREATE = `CREATE TABLE IF NOT EXISTS ${table} (resource TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL) WITHOUT ROWID`;
+  const SELECT = `SELECT token FROM ${table} WHERE resource = ?`;
+  /** Raises the mark only when stored <= token; no row changed means refused (I3). */
+  const RAISE = `INSERT INTO ${table} (resource, token) VALUES (@resource, @token)
+    ON CONFLICT (resource) DO UPDATE SET token = excluded.token WHERE token <= excluded.token`;
+
+  let created = false;
+  let statements: { select: ReturnType<SqliteDatabase['prepare']>; raise: ReturnType<SqliteDatabase['prepare']> } | undefined;
+  const ensure = (): NonNullable<typeof statements> => {
+    if (!created) {
+      db.exec(CREATE);
+      created = true;
+    }
+    return (statements ??= { select: db.prepare(SELECT).safeIntegers(true), raise: db.prepare(RAISE) });
+  };
+
+  return {
+    async write<R>(resource: string, token: TokenInput, mutate: (tx: SqliteDatabase) => R | Promise<R>): Promise<R> {
+      checkKey(resource, 'resource');
+      const t = toToken(token);
+      if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);
+      const tx = db.transaction((): R => {
+        const s = ensure();
+        if (s.raise.run({ resource, token: t }).changes === 0) {
+          const row = s.select.get(resource) as { token: bigint };
+          throw new StaleTokenError(resource, t, row.token);
+        }
+        const result = mutate(db);
+        if (result !== null && typeof result === 'object' && typeof (result as { then?: unknown }).then === 'function') {
+          (result as Promise<unknown>).catch(() => {});
+          throw new InvalidArgumentError('mutate', 'sqliteFence runs mutate synchronously inside the transaction; it returned a promise (rolled back)');
+        }
+        return result as R;
+      });
+      // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
+      return retryBusy('fence write', () => (db.inTransaction ? tx() : tx.immediate()));
+    },
+
+    async highest(resource: string): Promise<bigint | null> {
+      checkKey(resource, 'resource');
+      const row = await retryBusy('fence read', () => ensure().select.get(resource) as { token: bigint } | undefined);
+      return row?.token ?? null;
+    },
+  };
+}
+

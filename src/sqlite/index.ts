@@ -1,0 +1,3 @@
+export { sqliteBackend, type SqliteBackendOptions } from './backend.js';
+export { sqliteFence, type SqliteFenceOptions } from './fence.js';
+export type { SqliteDatabase, MachineClock } from './util.js';

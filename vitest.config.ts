@@ -1,0 +1,13 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    setupFiles: ['test/setup.ts'],
+    testTimeout: 30_000,
+    hookTimeout: 60_000,
+    // Tests that start servers or spawn processes are heavy on a 2-core machine.
+    maxWorkers: 2,
+    pool: 'forks',
+  },
+});
