@@ -32,10 +32,12 @@ export interface Backend {
   /**
    * Optional wake-up hook: calls `onChange` when the key may have become free (released, expired,
    * a waiter ahead left). Resolves once the subscription is active, with a function that ends it.
-   * Core subscribes before it re-checks, so a release between the check and the wait is not lost;
-   * it still polls at a bounded interval in case a notification is lost.
+   *
+   * No lost wake-ups: when the busy answer carried a `cursor`, the backend fires `onChange` at once
+   * if the key changed after that answer; without a cursor, core re-checks right after
+   * subscribing. Core still re-checks at a bounded interval in case a notification is lost.
    */
-  subscribe?(key: string, onChange: () => void): Promise<() => void>;
+  subscribe?(key: string, onChange: () => void, cursor?: unknown): Promise<() => void>;
 
   /** Removes `owner` from the key's wait queue (fair backends); idempotent, best effort. */
   cancelWait?(request: { key: string; owner: string }): Promise<void>;
@@ -90,6 +92,8 @@ export type AcquireResult =
       readonly retryInMs?: number;
       /** The request named a session that no longer exists; core ends it and opens a new one. */
       readonly sessionLost?: boolean;
+      /** Opaque position in the key's change stream, for `subscribe` (see there). */
+      readonly cursor?: unknown;
     };
 
 export interface RenewRequest {

@@ -335,8 +335,9 @@ export class Locks {
             unsubscribe = await backend.subscribe(key, () => {
               changed = true;
               wakeCurrent?.();
-            });
-            continue; // re-check at once: a release before the subscription was active would be missed otherwise
+            }, lastBusy?.cursor);
+            // Without a cursor, a release before the subscription was active would be missed: re-check at once.
+            if (lastBusy?.cursor === undefined) continue;
           } catch {
             unsubscribe = undefined; // no wake-ups: fall back to polling
           }

@@ -36,6 +36,8 @@ interface KeyRecord {
   holders: Map<string, Holder>;
   queue: Waiter[];
   delayUntil: number;
+  /** Bumped on every change a waiter may care about; a busy answer's cursor. */
+  version: number;
   timer: TimerHandle | undefined;
   timerAt: number;
 }
@@ -64,7 +66,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
 
   const record = (key: string): KeyRecord => {
     let r = keys.get(key);
-    if (!r) keys.set(key, (r = { lastToken: 0n, holders: new Map(), queue: [], delayUntil: -Infinity, timer: undefined, timerAt: Infinity }));
+    if (!r) keys.set(key, (r = { lastToken: 0n, holders: new Map(), queue: [], delayUntil: -Infinity, version: 0, timer: undefined, timerAt: Infinity }));
     return r;
   };
 
@@ -74,6 +76,8 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   };
 
   const notify = (key: string): void => {
+    const r = keys.get(key);
+    if (r) r.version++;
     const set = subscribers.get(key);
     if (set) for (const fn of [...set]) fn();
   };
@@ -216,7 +220,8 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
         holder ??= h.holder;
         soonest = Math.min(soonest, Math.max(expiryOf(h), r.delayUntil));
       }
-      return soonest === Infinity ? { granted: false, holder } : { granted: false, holder, retryInMs: Math.max(0, soonest - now) };
+      const busy = { granted: false as const, holder, cursor: r.version };
+      return soonest === Infinity ? busy : { ...busy, retryInMs: Math.max(0, soonest - now) };
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
@@ -255,12 +260,14 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       arm(key, r);
     },
 
-    async subscribe(key: string, onChange: () => void) {
+    async subscribe(key: string, onChange: () => void, cursor?: unknown) {
       ensureOpen();
       let set = subscribers.get(key);
       if (!set) subscribers.set(key, (set = new Set()));
       set.add(onChange);
       const r = keys.get(key);
+      // The key changed between the busy answer and this subscription: say so now.
+      if (r && typeof cursor === 'number' && cursor !== r.version) queueMicrotask(onChange);
       if (r) {
         r.timerAt = NaN; // force re-arm now that someone listens
         arm(key, r);

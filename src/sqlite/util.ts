@@ -7,7 +7,8 @@ export interface SqliteDatabase {
   prepare(source: string): SqliteStatement;
   exec(source: string): unknown;
   pragma(source: string, options?: { simple?: boolean }): unknown;
-  transaction<F extends (...args: never[]) => unknown>(fn: F): { immediate: (...args: Parameters<F>) => ReturnType<F> } & ((...args: Parameters<F>) => ReturnType<F>);
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- matches better-sqlite3's own variadic typing
+  transaction(fn: (...args: any[]) => any): { (...args: any[]): any; immediate(...args: any[]): any };
   close(): unknown;
   readonly open: boolean;
   readonly inTransaction: boolean;

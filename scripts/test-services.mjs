@@ -1,0 +1,151 @@
+#!/usr/bin/env node
+// Pre-test step (`npm test` runs it): finds the servers the integration tests need, starts them
+// when they are installed but stopped, installs the Debian packages when they are missing and apt
+// is usable (as root), and otherwise stops with one line naming what to install. What it found is
+// written to .test-env.json, which test/setup.ts reads.
+//
+//   PostgreSQL  LEASEHOLD_TEST_PG_URL     default postgres://postgres@127.0.0.1:5432/test
+//   Redis       LEASEHOLD_TEST_REDIS_URL  default redis://127.0.0.1:6379
+//   redis-server binary (tests start their own instances on other ports to kill and restart them)
+//   etcd binary (tests start their own members on their own ports)
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+
+const quiet = process.env.LEASEHOLD_TEST_SERVICES_QUIET === '1';
+const log = (msg) => quiet || console.error(`test-services: ${msg}`);
+const found = {};
+
+function which(cmd) {
+  const r = spawnSync('sh', ['-c', `command -v ${cmd}`], { encoding: 'utf8' });
+  return r.status === 0 ? r.stdout.trim() : undefined;
+}
+
+function sh(cmd, args, opts = {}) {
+  log(`$ ${cmd} ${args.join(' ')}`);
+  return spawnSync(cmd, args, { stdio: quiet ? 'ignore' : ['ignore', 'inherit', 'inherit'], ...opts }).status === 0;
+}
+
+const canApt = process.getuid?.() === 0 && !!which('apt-get');
+let aptUpdated = false;
+function aptInstall(...packages) {
+  if (!canApt) return false;
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  if (!aptUpdated) {
+    sh('apt-get', ['update', '-q'], { env });
+    aptUpdated = true;
+  }
+  return sh('apt-get', ['install', '-y', '-q', '--no-install-recommends', ...packages], { env });
+}
+
+function fail(line) {
+  console.error(`leasehold tests: ${line}`);
+  process.exit(1);
+}
+
+async function pgWorks(url) {
+  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 3000 });
+  try {
+    await client.connect();
+    await client.query('SELECT 1');
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await client.end().catch(() => {});
+  }
+}
+
+async function findPostgres() {
+  const explicit = process.env.LEASEHOLD_TEST_PG_URL;
+  const candidates = explicit ? [explicit] : ['postgres://postgres@127.0.0.1:5432/test', 'postgresql://root@/test?host=/var/run/postgresql'];
+  const probe = async () => {
+    for (const url of candidates) if (await pgWorks(url)) return url;
+    return undefined;
+  };
+  let url = await probe();
+  if (url) return url;
+  if (explicit) fail(`PostgreSQL at LEASEHOLD_TEST_PG_URL (${explicit}) is not reachable`);
+  if (!which('pg_ctlcluster') && !aptInstall('postgresql')) {
+    fail('PostgreSQL is needed: install it (apt-get install postgresql) or set LEASEHOLD_TEST_PG_URL');
+  }
+  // Start every installed cluster that is down.
+  for (const version of existsSync('/etc/postgresql') ? readdirSync('/etc/postgresql') : []) {
+    sh('pg_ctlcluster', ['--skip-systemctl-redirect', version, 'main', 'start']);
+  }
+  for (let i = 0; i < 20 && !(url = await probe()); i++) {
+    if (i === 2 && which('runuser')) {
+      // A fresh Debian install: no role for root and no database `test`; make them (peer auth over the socket).
+      spawnSync('runuser', ['-u', 'postgres', '--', 'psql', '-qc', 'CREATE ROLE root SUPERUSER LOGIN'], { stdio: 'ignore' });
+      spawnSync('runuser', ['-u', 'postgres', '--', 'createdb', '-O', 'root', 'test'], { stdio: 'ignore' });
+    }
+    await sleep(500);
+  }
+  if (!url) fail('PostgreSQL is installed but could not be started or reached; set LEASEHOLD_TEST_PG_URL');
+  return url;
+}
+
+function redisPing(port, host = '127.0.0.1') {
+  return new Promise((resolve) => {
+    const socket = net.connect({ port, host });
+    let data = '';
+    const done = (ok) => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.setTimeout(2000, () => done(false));
+    socket.on('error', () => done(false));
+    socket.on('connect', () => socket.write('PING\r\n'));
+    socket.on('data', (chunk) => {
+      data += chunk;
+      if (data.includes('\r\n')) done(data.startsWith('+PONG'));
+    });
+  });
+}
+
+async function findRedis() {
+  const explicit = process.env.LEASEHOLD_TEST_REDIS_URL;
+  let bin = which('redis-server');
+  if (!bin) {
+    if (!aptInstall('redis-server')) fail('Redis is needed: install it (apt-get install redis-server)');
+    bin = which('redis-server');
+    if (!bin) fail('redis-server is still missing after apt-get install redis-server');
+  }
+  found.LEASEHOLD_TEST_REDIS_SERVER = bin;
+  if (explicit) {
+    const u = new URL(explicit);
+    if (!(await redisPing(Number(u.port || 6379), u.hostname))) fail(`Redis at LEASEHOLD_TEST_REDIS_URL (${explicit}) is not reachable`);
+    return explicit;
+  }
+  if (!(await redisPing(6379))) {
+    sh(bin, ['--daemonize', 'yes', '--bind', '127.0.0.1', '--port', '6379', '--save', '', '--appendonly', 'no', '--logfile', '']);
+    for (let i = 0; i < 20 && !(await redisPing(6379)); i++) await sleep(250);
+    if (!(await redisPing(6379))) fail('redis-server is installed but did not start on 127.0.0.1:6379; set LEASEHOLD_TEST_REDIS_URL');
+  }
+  return 'redis://127.0.0.1:6379';
+}
+
+function findEtcd() {
+  let bin = process.env.LEASEHOLD_TEST_ETCD ?? which('etcd');
+  if (!bin) {
+    if (!aptInstall('etcd-server')) fail('etcd is needed: install it (apt-get install etcd-server)');
+    bin = which('etcd');
+    if (!bin) fail('etcd is still missing after apt-get install etcd-server');
+    // The package may start a system etcd on the standard ports; the tests use their own ports, so it does no harm.
+  }
+  try {
+    execFileSync(bin, ['--version'], { stdio: 'ignore' });
+  } catch {
+    fail(`${bin} --version failed; reinstall etcd-server or set LEASEHOLD_TEST_ETCD`);
+  }
+  return bin;
+}
+
+const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd').split(',').map((s) => s.trim()).filter(Boolean));
+if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
+if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
+if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = findEtcd();
+writeFileSync(new URL('../.test-env.json', import.meta.url), `${JSON.stringify(found, null, 2)}\n`);
+log(Object.entries(found).map(([k, v]) => `${k}=${v}`).join(' '));

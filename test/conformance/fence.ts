@@ -1,0 +1,177 @@
+/**
+ * The fence conformance suite: every fence registers it against its real store. A harness gives
+ * the fence and two mutations written in the store's own terms (a read-modify-write counter and an
+ * append), so the suite can check that the check and the mutation commit together (I3).
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
+import type { Fence } from '../../src/core/fence.js';
+import { formatSequencer, MAX_TOKEN } from '../../src/core/token.js';
+
+export interface FenceHarness<Tx> {
+  fence: Fence<Tx>;
+  /** Read-modify-write inside the fence's transaction: reads the counter of `resource` and stores it + 1. */
+  increment(tx: Tx, resource: string): unknown;
+  /** Appends `value` to the log of `resource` inside the transaction. */
+  append(tx: Tx, resource: string, value: string): unknown;
+  counter(resource: string): Promise<number>;
+  log(resource: string): Promise<string[]>;
+  /** True when an error inside mutate undoes the mutation (stores with transactions). */
+  transactional: boolean;
+  /** True when mutate must run synchronously (better-sqlite3); the suite then never hands it a promise. */
+  synchronous: boolean;
+  cleanup(): Promise<void>;
+}
+
+/** The checker used on every concurrent history: accepted tokens never decrease, and nothing is lost. */
+export function checkHistory(accepted: bigint[], counter: number, log: string[]): string[] {
+  const problems: string[] = [];
+  for (let i = 1; i < accepted.length; i++) {
+    if (accepted[i]! < accepted[i - 1]!) problems.push(`token ${accepted[i]} accepted after ${accepted[i - 1]}`);
+  }
+  if (counter !== accepted.length) problems.push(`counter is ${counter} but ${accepted.length} writes were accepted (lost update)`);
+  if (log.length !== accepted.length) problems.push(`log has ${log.length} entries for ${accepted.length} accepted writes`);
+  return problems;
+}
+
+/**
+ * Concurrent writers with shuffled tokens on one resource: records the order in which writes
+ * were accepted (read back from the log written inside the transaction) and checks it.
+ */
+export async function contend<Tx>(h: Pick<FenceHarness<Tx>, 'fence' | 'increment' | 'append' | 'counter' | 'log' | 'synchronous'>, resource: string, writers: number): Promise<{ problems: string[]; accepted: number; refused: number }> {
+  const tokens = Array.from({ length: writers }, (_, i) => BigInt(i + 1));
+  for (let i = tokens.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [tokens[i], tokens[j]] = [tokens[j]!, tokens[i]!];
+  }
+  let refused = 0;
+  await Promise.all(
+    tokens.map(async (t) => {
+      try {
+        await h.fence.write(resource, t, (tx) => steps(h, () => h.increment(tx, resource), () => h.append(tx, resource, t.toString())));
+      } catch (error) {
+        if (!(error instanceof StaleTokenError)) throw error;
+        refused++;
+      }
+    }),
+  );
+  const log = await h.log(resource);
+  const accepted = log.map((v) => BigInt(v));
+  return { problems: checkHistory(accepted, await h.counter(resource), log), accepted: accepted.length, refused };
+}
+
+/** Runs mutation steps in order: synchronously for synchronous fences, awaiting each otherwise. */
+function steps(h: { synchronous: boolean }, ...fns: (() => unknown)[]): unknown {
+  if (h.synchronous) {
+    for (const f of fns) f();
+    return undefined;
+  }
+  return (async () => {
+    for (const f of fns) await f();
+  })();
+}
+
+export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarness<Tx>>): void {
+  describe(`fence conformance: ${name}`, () => {
+    let h: FenceHarness<Tx>;
+    let n = 0;
+    const res = (label: string): string => `res:${label}:${++n}`;
+
+    beforeAll(async () => {
+      h = await make();
+    });
+    afterAll(async () => {
+      await h?.cleanup();
+    });
+
+    it('I3: accepts a first token, the same token again and higher ones; refuses lower ones and changes nothing', async () => {
+      const r = res('basic');
+      expect(await h.fence.highest(r)).toBeNull();
+      expect(await h.fence.write(r, 5n, (tx) => (h.append(tx, r, 'five'), 'ok'))).toBe('ok');
+      expect(await h.fence.highest(r)).toBe(5n);
+      await h.fence.write(r, 5n, (tx) => h.append(tx, r, 'five again'));
+      await h.fence.write(r, 7n, (tx) => h.append(tx, r, 'seven'));
+      const refused = await h.fence.write(r, 6n, (tx) => h.append(tx, r, 'six')).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(StaleTokenError);
+      expect(refused).toMatchObject({ code: 'STALE_TOKEN', resource: r, token: 6n, highest: 7n, name: 'StaleTokenError' });
+      expect(await h.fence.highest(r)).toBe(7n);
+      expect(await h.log(r)).toEqual(['five', 'five again', 'seven']);
+    });
+
+    it('a refused write never runs mutate', async () => {
+      const r = res('norun');
+      await h.fence.write(r, 10n, () => {});
+      let ran = false;
+      await expect(h.fence.write(r, 9n, () => { ran = true; })).rejects.toBeInstanceOf(StaleTokenError);
+      expect(ran).toBe(false);
+    });
+
+    it('resources are independent', async () => {
+      const a = res('a');
+      const b = res('b');
+      await h.fence.write(a, 100n, () => {});
+      await h.fence.write(b, 1n, () => {});
+      expect(await h.fence.highest(a)).toBe(100n);
+      expect(await h.fence.highest(b)).toBe(1n);
+    });
+
+    it('takes the token as a bigint, a decimal string or a sequencer', async () => {
+      const r = res('inputs');
+      await h.fence.write(r, 3n, () => {});
+      await h.fence.write(r, '4', () => {});
+      await h.fence.write(r, formatSequencer('tenant:42:export', 'exclusive', 5n), () => {});
+      expect(await h.fence.highest(r)).toBe(5n);
+      await expect(h.fence.write(r, formatSequencer('x', 'shared', 4n), () => {})).rejects.toBeInstanceOf(StaleTokenError);
+      await h.fence.write(r, MAX_TOKEN, () => {});
+      expect(await h.fence.highest(r)).toBe(MAX_TOKEN);
+    });
+
+    it('bad tokens, resources and mutations are refused with InvalidArgumentError and change nothing', async () => {
+      const r = res('bad');
+      await h.fence.write(r, 2n, () => {});
+      for (const bad of [0n, -1n, MAX_TOKEN + 1n, '', '01', '1.5', '-3', ' 3', '3 ', 'lh1.e.x.YQ', 'lh9.e.3.YQ', 'nonsense', 3 as unknown as bigint, null as unknown as bigint]) {
+        await expect(h.fence.write(r, bad, () => {}), `token ${String(bad)}`).rejects.toBeInstanceOf(InvalidArgumentError);
+      }
+      await expect(h.fence.write('', 3n, () => {})).rejects.toMatchObject({ argument: 'resource' });
+      await expect(h.fence.write(r, 3n, 'not a function' as never)).rejects.toMatchObject({ argument: 'mutate' });
+      await expect(h.fence.highest(42 as never)).rejects.toBeInstanceOf(InvalidArgumentError);
+      expect(await h.fence.highest(r)).toBe(2n);
+    });
+
+    it('an error inside mutate reaches the caller unchanged and leaves the mark where it was', async () => {
+      const r = res('throw');
+      await h.fence.write(r, 1n, (tx) => h.append(tx, r, 'one'));
+      const own = new Error('mine');
+      const caught = await h.fence.write(r, 2n, (tx) =>
+        steps(h, () => h.append(tx, r, 'two'), () => {
+          throw own;
+        }),
+      ).catch((e: unknown) => e);
+      expect(caught).toBe(own);
+      expect(await h.fence.highest(r)).toBe(1n);
+      if (h.transactional) expect(await h.log(r)).toEqual(['one']);
+      // the failed token can still be used: nothing was raised
+      await h.fence.write(r, 2n, (tx) => h.append(tx, r, 'two, retried'));
+      expect(await h.fence.highest(r)).toBe(2n);
+    });
+
+    it('concurrent writers: accepted tokens never decrease and no increment is lost', async () => {
+      const r = res('concurrent');
+      const result = await contend(h, r, 40);
+      expect(result.problems).toEqual([]);
+      expect(result.accepted + result.refused).toBe(40);
+      expect(result.accepted).toBeGreaterThan(0);
+    });
+
+    it('the checker catches a fence that ignores tokens (the mutant must fail)', async () => {
+      const r = res('mutant');
+      const ignoring: Fence<Tx> = {
+        // a broken fence: runs every mutation, checks nothing
+        write: (resource, _token, mutate) => h.fence.write(resource, 1n, mutate),
+        highest: (resource) => h.fence.highest(resource),
+      };
+      const result = await contend({ ...h, fence: ignoring }, r, 20);
+      expect(result.problems.length).toBeGreaterThan(0);
+    });
+  });
+}

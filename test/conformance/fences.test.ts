@@ -1,0 +1,84 @@
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import pg from 'pg';
+import { memoryFence } from '../../src/memory/index.js';
+import { postgresFence, type PgClient } from '../../src/postgres/index.js';
+import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
+import { PG_URL, tempDir, uniqueName } from '../helpers/env.js';
+import { fenceConformance } from './fence.js';
+
+fenceConformance<void>('memory', async () => {
+  const counters = new Map<string, number>();
+  const logs = new Map<string, string[]>();
+  return {
+    fence: memoryFence(),
+    async increment(_tx, r) {
+      const n = counters.get(r) ?? 0;
+      await new Promise((resolve) => setImmediate(resolve)); // give other writers every chance to interleave
+      counters.set(r, n + 1);
+    },
+    append(_tx, r, v) {
+      logs.set(r, [...(logs.get(r) ?? []), v]);
+    },
+    counter: async (r) => counters.get(r) ?? 0,
+    log: async (r) => logs.get(r) ?? [],
+    transactional: false,
+    synchronous: false,
+    cleanup: async () => {},
+  };
+});
+
+fenceConformance<SqliteDatabase>('sqlite', async () => {
+  const dir = tempDir();
+  const db = new Database(join(dir.path, 'data.db'));
+  db.pragma('journal_mode = WAL');
+  db.exec(`CREATE TABLE counters (resource TEXT PRIMARY KEY, n INTEGER NOT NULL);
+           CREATE TABLE items (seq INTEGER PRIMARY KEY AUTOINCREMENT, resource TEXT NOT NULL, value TEXT NOT NULL);`);
+  const reader = new Database(join(dir.path, 'data.db'), { readonly: true });
+  return {
+    fence: sqliteFence(db),
+    increment(tx, r) {
+      const row = tx.prepare('SELECT n FROM counters WHERE resource = ?').get(r) as { n: number } | undefined;
+      tx.prepare('INSERT INTO counters (resource, n) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET n = excluded.n').run(r, (row?.n ?? 0) + 1);
+    },
+    append(tx, r, v) {
+      tx.prepare('INSERT INTO items (resource, value) VALUES (?, ?)').run(r, v);
+    },
+    counter: async (r) => (reader.prepare('SELECT n FROM counters WHERE resource = ?').get(r) as { n: number } | undefined)?.n ?? 0,
+    log: async (r) => (reader.prepare('SELECT value FROM items WHERE resource = ? ORDER BY seq').all(r) as { value: string }[]).map((x) => x.value),
+    transactional: true,
+    synchronous: true,
+    cleanup: async () => {
+      reader.close();
+      db.close();
+      dir.cleanup();
+    },
+  };
+});
+
+fenceConformance<PgClient>('postgres', async () => {
+  const schema = uniqueName('lh_fence');
+  const pool = new pg.Pool({ connectionString: PG_URL, max: 8 });
+  await pool.query(`CREATE SCHEMA ${schema}`);
+  await pool.query(`CREATE TABLE ${schema}.counters (resource text PRIMARY KEY, n integer NOT NULL);
+                    CREATE TABLE ${schema}.items (seq bigserial PRIMARY KEY, resource text NOT NULL, value text NOT NULL)`);
+  return {
+    fence: postgresFence(pool, { schema, table: 'marks' }),
+    async increment(tx, r) {
+      const { rows } = await tx.query(`SELECT n FROM ${schema}.counters WHERE resource = $1`, [r]);
+      const n = (rows[0]?.n as number | undefined) ?? 0;
+      await tx.query(`INSERT INTO ${schema}.counters (resource, n) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET n = EXCLUDED.n`, [r, n + 1]);
+    },
+    async append(tx, r, v) {
+      await tx.query(`INSERT INTO ${schema}.items (resource, value) VALUES ($1, $2)`, [r, v]);
+    },
+    counter: async (r) => ((await pool.query(`SELECT n FROM ${schema}.counters WHERE resource = $1`, [r])).rows[0]?.n as number | undefined) ?? 0,
+    log: async (r) => (await pool.query(`SELECT value FROM ${schema}.items WHERE resource = $1 ORDER BY seq`, [r])).rows.map((x) => x.value as string),
+    transactional: true,
+    synchronous: false,
+    cleanup: async () => {
+      await pool.query(`DROP SCHEMA ${schema} CASCADE`);
+      await pool.end();
+    },
+  };
+});
