@@ -11,6 +11,10 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  *
  * - `memory:` — this process only
  * - `sqlite:PATH` — one machine, many processes (`sqlite:./leasehold.db`, `sqlite:/var/lib/app/locks.db`)
+ * - `postgres://…` / `postgresql://…` — PostgreSQL (the URL is pg's connection string)
+ * - `redis://…` / `rediss://…` — one Redis (the URL is ioredis's)
+ * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
+ * - `etcd://h1:p1,h2:p2` — an etcd cluster
  */
 export function backendLoader(url: unknown): () => Promise<Backend> {
   if (typeof url !== 'string' || url.length === 0) throw new InvalidArgumentError('url', `expected a URL string, got ${describe(url)}`);
@@ -25,10 +29,24 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       if (path.length === 0) throw new InvalidArgumentError('url', 'sqlite: needs a file path, e.g. sqlite:./leasehold.db');
       return async () => (await import('./sqlite/index.js')).sqliteBackend({ path });
     }
+    case 'postgres':
+    case 'postgresql':
+      return async () => (await import('./postgres/index.js')).postgresBackend({ connectionString: url });
+    case 'redis':
+    case 'rediss':
+      return async () => (await import('./redis/index.js')).redisBackend({ url });
+    case 'redlock': {
+      const urls = hostList(url, 'redlock').map((h) => `redis://${h}`);
+      return async () => (await import('./redis/index.js')).redlockBackend({ urls });
+    }
+    case 'etcd': {
+      const hosts = hostList(url, 'etcd').map((h) => `http://${h}`);
+      return async () => (await import('./etcd/index.js')).etcdBackend({ hosts });
+    }
     default:
       throw new InvalidArgumentError(
         'url',
-        `unsupported scheme in ${JSON.stringify(url.length > 80 ? `${url.slice(0, 80)}…` : url)}; expected memory: or sqlite:PATH`,
+        `unsupported scheme in ${JSON.stringify(url.length > 80 ? `${url.slice(0, 80)}…` : url)}; expected memory:, sqlite:PATH, postgres://, redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
       );
   }
 }
@@ -36,4 +54,19 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
 /** Connects to the coordinator named by `url` (see {@link backendLoader} for the schemes). */
 export function backendFromUrl(url: string): Promise<Backend> {
   return backendLoader(url)();
+}
+
+/** `scheme://h1:p1,h2:p2` → ['h1:p1', 'h2:p2'], each checked to be host:port. */
+function hostList(url: string, scheme: string): string[] {
+  const rest = url.slice(scheme.length + 3).replace(/\/+$/, '');
+  if (!url.toLowerCase().startsWith(`${scheme}://`) || rest.length === 0) {
+    throw new InvalidArgumentError('url', `${scheme} URLs list host:port pairs, e.g. ${scheme}://127.0.0.1:2379,127.0.0.1:22379`);
+  }
+  const hosts = rest.split(',');
+  for (const h of hosts) {
+    if (!/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/.test(h)) {
+      throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}:// is not host:port`);
+    }
+  }
+  return hosts;
 }

@@ -7,7 +7,7 @@ import { InvalidArgumentError } from './core/errors.js';
 export interface CreateLocksOptions extends Omit<LocksOptions, 'backend'> {
   /** The coordinator. @default the backend named by `url`, else LEASEHOLD_URL, else SQLite at ./leasehold.db */
   backend?: Backend;
-  /** A coordinator URL (`sqlite:PATH`, `memory:`), used when `backend` is not given. */
+  /** A coordinator URL (`sqlite:PATH`, `memory:`, `postgres://…`, `redis://…`, `etcd://h1:p,h2:p`), used when `backend` is not given. */
   url?: string;
 }
 

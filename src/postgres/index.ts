@@ -1,2 +1,3 @@
+export { postgresBackend } from './backend.js';
 export { postgresFence, type PostgresFenceOptions } from './fence.js';
 export type { PgClient, PgPool } from './util.js';
