@@ -1,0 +1,318 @@
+/**
+ * Core client behaviour on an injected clock: local validity (I5), renewal cadence and overlap,
+ * loss signalling (I6), events, withLock, timeouts. The coordinator is the memory backend on the
+ * same manual clock, sometimes behind a wrapper that injects failures.
+ */
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.js';
+import { manualClock, type ManualClock } from '../../src/core/clock.js';
+import { AcquireTimeoutError, BackendUnavailableError, LeaseLostError } from '../../src/core/errors.js';
+import type { LockEvents } from '../../src/core/events.js';
+import { Locks } from '../../src/core/locks.js';
+import { memoryBackend } from '../../src/memory/index.js';
+
+const flush = async (): Promise<void> => {
+  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+};
+
+/** Advances the manual clock in steps, letting promises settle between them. */
+async function advance(clock: ManualClock, ms: number, step = 5): Promise<void> {
+  for (let t = 0; t < ms; t += step) {
+    clock.advance(Math.min(step, ms - t));
+    await flush();
+  }
+}
+
+/** A backend wrapper whose renew/release/acquire can be made to fail or hang (core logic under test, not a server). */
+function faulty(inner: Backend) {
+  const control = {
+    renew: 'ok' as 'ok' | 'fail' | 'hang' | 'gone',
+    release: 'ok' as 'ok' | 'fail',
+    acquireHang: false,
+    renewCalls: 0,
+    inFlight: 0,
+    maxInFlight: 0,
+    hung: [] as (() => void)[],
+  };
+  const backend: Backend = {
+    ...inner,
+    name: 'faulty',
+    capabilities: inner.capabilities,
+    acquire: async (req) => {
+      if (control.acquireHang) return new Promise((resolve) => control.hung.push(() => resolve(inner.acquire(req))));
+      return inner.acquire(req);
+    },
+    renew: async (req: RenewRequest): Promise<RenewResult> => {
+      control.renewCalls++;
+      control.inFlight++;
+      control.maxInFlight = Math.max(control.maxInFlight, control.inFlight);
+      try {
+        if (control.renew === 'fail') throw new BackendUnavailableError('faulty', 'connection refused');
+        if (control.renew === 'gone') return { renewed: false };
+        if (control.renew === 'hang') await new Promise<void>((r) => control.hung.push(r));
+        return await inner.renew(req);
+      } finally {
+        control.inFlight--;
+      }
+    },
+    release: async (req) => {
+      if (control.release === 'fail') throw new BackendUnavailableError('faulty', 'connection reset');
+      return inner.release(req);
+    },
+  };
+  return { backend, control };
+}
+
+describe('Lease on an injected clock', () => {
+  let clock: ManualClock;
+  let coordinator: Backend;
+  const unhandled: unknown[] = [];
+  const onUnhandled = (reason: unknown): void => {
+    unhandled.push(reason);
+  };
+
+  beforeEach(() => {
+    clock = manualClock(1_000);
+    coordinator = memoryBackend({ clock });
+    unhandled.length = 0;
+    process.on('unhandledRejection', onUnhandled);
+  });
+  afterEach(async () => {
+    await flush();
+    process.off('unhandledRejection', onUnhandled);
+    expect(unhandled).toEqual([]); // never an unhandled rejection, whatever failed
+  });
+
+  /** Each client gets its own handle on the shared coordinator, so closing one client does not close it for the others. */
+  const handle = (backend: Backend): Backend => Object.create(backend, { close: { value: async () => {} } }) as Backend;
+  const newLocks = (backend: Backend = coordinator) => new Locks({ backend: handle(backend), clock, holderName: 'unit' });
+
+  it('I5: validity is send time + ttl − drift (1 % + 2 ms), on the injected clock', async () => {
+    const locks = newLocks();
+    const lease = await locks.acquire('k', { ttlMs: 1_000, autoRenew: false });
+    expect(lease.remainingMs()).toBe(1_000 - 12);
+    clock.advance(987);
+    expect(lease.held).toBe(true);
+    clock.advance(1);
+    expect(lease.held).toBe(false);
+    expect(lease.signal.aborted).toBe(true);
+    expect((lease.signal.reason as LeaseLostError).reason).toBe('expired');
+  });
+
+  it('I5: a slow grant counts from when the request was sent, not when the answer came', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    control.acquireHang = true;
+    const pending = locks.acquire('k', { ttlMs: 1_000, autoRenew: false });
+    await flush();
+    clock.advance(300);
+    control.acquireHang = false;
+    control.hung.shift()!();
+    const lease = await pending;
+    expect(lease.remainingMs()).toBe(1_000 - 12 - 300);
+  });
+
+  it('renews at ttl/3, one renewal at a time, and a manual renew joins the one in flight', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    const lease = await locks.acquire('k', { ttlMs: 900 });
+    await advance(clock, 299);
+    expect(control.renewCalls).toBe(0);
+    await advance(clock, 2);
+    expect(control.renewCalls).toBe(1);
+    await advance(clock, 300);
+    expect(control.renewCalls).toBe(2);
+    control.renew = 'hang';
+    await advance(clock, 300);
+    expect(control.renewCalls).toBe(3);
+    const manual = lease.renew();
+    await advance(clock, 300);
+    expect(control.renewCalls).toBe(3); // no second renewal while one is in flight
+    expect(control.maxInFlight).toBe(1);
+    control.renew = 'ok';
+    control.hung.shift()!();
+    await manual;
+    expect(lease.held).toBe(true);
+    await lease.release();
+  });
+
+  it('I6: transient renewal failures are retried within validity; loss is signalled before the coordinator could regrant', async () => {
+    const { backend, control } = faulty(coordinator);
+    const holder = newLocks(backend);
+    const other = newLocks();
+    const events: LockEvents['renewFailed'][] = [];
+    holder.on('renewFailed', (e) => events.push(e));
+    const lease = await holder.acquire('k', { ttlMs: 1_000 });
+    control.renew = 'fail';
+    let abortedAt = -1;
+    lease.signal.addEventListener('abort', () => (abortedAt = clock.now()));
+    const waiting = other.acquire('k', { ttlMs: 1_000, waitMs: 5_000 });
+    let grantedAt = -1;
+    void waiting.then(() => (grantedAt = clock.now()));
+    await advance(clock, 1_200, 2);
+    expect(events.length).toBeGreaterThan(3); // retried, not given up after one failure
+    expect(events.every((e) => e.remainingMs >= 0)).toBe(true);
+    expect(abortedAt).toBe(1_000 + 988);
+    expect(grantedAt).toBeGreaterThanOrEqual(2_000); // the coordinator's own expiry
+    expect(abortedAt).toBeLessThan(grantedAt);
+    expect((await waiting).token).toBeGreaterThan(lease.token);
+  });
+
+  it('a renewal answered "not held" loses the lease at once', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    const lost: LockEvents['lost'][] = [];
+    locks.on('lost', (e) => lost.push(e));
+    const lease = await locks.acquire('k', { ttlMs: 900 });
+    control.renew = 'gone';
+    await expect(lease.renew()).rejects.toMatchObject({ code: 'LEASE_LOST', reason: 'not-held', key: 'k', token: lease.token });
+    expect(lease.signal.aborted).toBe(true);
+    expect(lost).toHaveLength(1);
+    expect(lost[0]!.reason).toBe('not-held');
+    await lease.release(); // resolves quietly after a loss
+    expect(locks.leases()).toEqual([]);
+  });
+
+  it('a late renewal answer cannot revive a lease whose validity ran out', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    const lease = await locks.acquire('k', { ttlMs: 900 });
+    control.renew = 'hang';
+    await advance(clock, 1_000);
+    expect(lease.signal.aborted).toBe(true);
+    control.renew = 'ok';
+    for (const resume of control.hung.splice(0)) resume();
+    await flush();
+    expect(lease.held).toBe(false);
+  });
+
+  it('events: acquired with wait time, renewed, released with hold time', async () => {
+    const locks = newLocks();
+    const seen: string[] = [];
+    locks.on('acquired', (e) => seen.push(`acquired ${e.key} ${e.token} waited ${e.waitedMs}`));
+    locks.on('renewed', (e) => seen.push(`renewed ${e.token}`));
+    locks.on('released', (e) => seen.push(`released ${e.token} held ${e.heldMs}`));
+    const lease = await locks.acquire('k', { ttlMs: 300 });
+    await advance(clock, 150);
+    await lease.release();
+    expect(seen).toEqual(['acquired k 1 waited 0', 'renewed 1', 'released 1 held 150']);
+  });
+
+  it('a throwing listener never breaks the client', async () => {
+    const locks = newLocks();
+    locks.on('acquired', () => {
+      throw new Error('listener bug');
+    });
+    const warnings: string[] = [];
+    const onWarning = (w: Error): void => {
+      warnings.push(w.message);
+    };
+    process.on('warning', onWarning);
+    const lease = await locks.acquire('k', { ttlMs: 300 });
+    await flush();
+    process.off('warning', onWarning);
+    expect(lease.held).toBe(true);
+    expect(warnings.some((w) => w.includes('listener threw'))).toBe(true);
+  });
+
+  it('withLock: a failing release never replaces the result or the error of fn', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    const failures: unknown[] = [];
+    locks.on('releaseFailed', (e) => failures.push(e.error));
+    control.release = 'fail';
+    expect(await locks.withLock('k', {}, async () => 42)).toBe(42);
+    const own = new Error('fn failed');
+    await expect(locks.withLock('k2', {}, async () => { throw own; })).rejects.toBe(own);
+    expect(failures).toHaveLength(2);
+    expect(failures[0]).toBeInstanceOf(BackendUnavailableError);
+  });
+
+  it('release(): idempotent, rejects once when the coordinator is unreachable, then resolves', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = newLocks(backend);
+    const lease = await locks.acquire('k', { ttlMs: 300 });
+    control.release = 'fail';
+    await expect(lease.release()).rejects.toBeInstanceOf(BackendUnavailableError);
+    await expect(lease.release()).resolves.toBeUndefined();
+    await expect(lease.renew()).rejects.toMatchObject({ reason: 'released' });
+    // no more renewals after release: the key frees itself when the ttl runs out
+    const calls = control.renewCalls;
+    await advance(clock, 1_000);
+    expect(control.renewCalls).toBe(calls);
+    expect(await newLocks().tryAcquire('k', { ttlMs: 300 })).not.toBeNull();
+  });
+
+  it('waits with the clock: AcquireTimeoutError after waitMs, holder named', async () => {
+    const a = newLocks();
+    const b = new Locks({ backend: handle(coordinator), clock });
+    await a.acquire('k', { ttlMs: 10_000 });
+    const pending = b.acquire('k', { waitMs: 500 }).catch((e: unknown) => e);
+    await advance(clock, 600);
+    const error = await pending;
+    expect(error).toBeInstanceOf(AcquireTimeoutError);
+    expect(error).toMatchObject({ key: 'k', holder: 'unit', waitedMs: 500 });
+  });
+
+  it('a coordinator call that hangs counts as unavailable, and a grant that arrives later is given back', async () => {
+    const { backend, control } = faulty(coordinator);
+    const locks = new Locks({ backend, clock, operationTimeoutMs: 1_000 });
+    control.acquireHang = true;
+    const pending = locks.tryAcquire('k', { ttlMs: 5_000 }).catch((e: unknown) => e);
+    await flush(); // the request is on the wire
+    expect(control.hung).toHaveLength(1);
+    await advance(clock, 1_001);
+    expect(await pending).toBeInstanceOf(BackendUnavailableError);
+    control.hung.shift()!(); // the request finally reaches the coordinator and is granted…
+    await flush();
+    control.acquireHang = false;
+    expect(await newLocks().tryAcquire('k', { ttlMs: 300 })).not.toBeNull(); // …and released at once
+  });
+
+  it('close() releases held leases and rejects pending acquires', async () => {
+    const a = newLocks();
+    const b = newLocks();
+    await a.acquire('k', { ttlMs: 10_000 });
+    const pending = b.acquire('k', { waitMs: Infinity }).catch((e: unknown) => e);
+    await flush();
+    await b.close();
+    expect(await pending).toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await a.close();
+    expect(await newLocks().tryAcquire('k')).not.toBeNull();
+  });
+
+  it('Symbol.asyncDispose releases; toJSON is loggable', async () => {
+    const locks = newLocks();
+    const lease = await locks.acquire('doc:1', { ttlMs: 300 });
+    expect(JSON.parse(JSON.stringify(lease))).toEqual({ key: 'doc:1', token: '1', mode: 'exclusive', sequencer: lease.sequencer });
+    await lease[Symbol.asyncDispose]();
+    expect(lease.held).toBe(false);
+    expect(lease.signal.aborted).toBe(false); // release is not a loss
+    expect(await locks.tryAcquire('doc:1')).not.toBeNull();
+  });
+
+  it('tryAcquire never waits and never queues', async () => {
+    const a = newLocks();
+    const b = newLocks();
+    await a.acquire('k', { ttlMs: 10_000 });
+    expect(await b.tryAcquire('k')).toBeNull();
+    expect((await a.inspect('k'))[0]?.waiters).toBe(0);
+  });
+
+  it('sessions: one keep-alive renews every lease of the session; leases live and die with it', async () => {
+    const withSessions = memoryBackend({ clock, sessions: true });
+    const { backend } = faulty(withSessions);
+    let keepAlives = 0;
+    const sessions = withSessions.sessions!;
+    let sessionGone = false;
+    backend.sessions = { ...sessions, keepAlive: async (id, ttl) => (keepAlives++, sessionGone ? false : sessions.keepAlive(id, ttl)) };
+    const locks = newLocks(backend);
+    const leases = await Promise.all(Array.from({ length: 20 }, (_, i) => locks.acquire(`k${i}`, { ttlMs: 900 })));
+    await advance(clock, 1_000);
+    expect(keepAlives).toBe(3);
+    expect(leases.every((l) => l.held)).toBe(true);
+    sessionGone = true;
+    await advance(clock, 400);
+    expect(leases.every((l) => (l.signal.reason as LeaseLostError | undefined)?.reason === 'session-lost')).toBe(true);
+  });
+});

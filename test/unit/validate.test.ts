@@ -1,0 +1,66 @@
+import { describe, expect, it } from 'vitest';
+import { createLocks, InvalidArgumentError, Locks, memoryBackend, MAX_KEY_BYTES } from '../../src/index.js';
+import { backendLoader } from '../../src/connect.js';
+
+describe('bad input is refused at the boundary, naming the problem', () => {
+  const locks = new Locks({ backend: memoryBackend() });
+
+  const cases: [string, () => Promise<unknown>, string][] = [
+    ['empty key', () => locks.acquire(''), 'key'],
+    ['non-string key', () => locks.acquire(42 as never), 'key'],
+    ['key too long', () => locks.acquire('x'.repeat(MAX_KEY_BYTES + 1)), 'key'],
+    ['key with multi-byte chars too long', () => locks.acquire('é'.repeat(MAX_KEY_BYTES / 2 + 1)), 'key'],
+    ['lone surrogate', () => locks.acquire('a\uD800b'), 'key'],
+    ['NUL in key', () => locks.acquire('a\0b'), 'key'],
+    ['ttl not integer', () => locks.acquire('k', { ttlMs: 1.5 }), 'options.ttlMs'],
+    ['ttl too small', () => locks.acquire('k', { ttlMs: 1 }), 'options.ttlMs'],
+    ['ttl too large', () => locks.acquire('k', { ttlMs: 2 ** 31 }), 'options.ttlMs'],
+    ['ttl as string', () => locks.acquire('k', { ttlMs: '30s' as never }), 'options.ttlMs'],
+    ['waitMs negative', () => locks.acquire('k', { waitMs: -1 }), 'options.waitMs'],
+    ['waitMs NaN', () => locks.acquire('k', { waitMs: NaN }), 'options.waitMs'],
+    ['mode', () => locks.acquire('k', { mode: 'read' as never }), 'options.mode'],
+    ['lockDelayMs', () => locks.acquire('k', { lockDelayMs: -5 }), 'options.lockDelayMs'],
+    ['autoRenew', () => locks.acquire('k', { autoRenew: 'yes' as never }), 'options.autoRenew'],
+    ['signal', () => locks.acquire('k', { signal: {} as never }), 'options.signal'],
+    ['unknown option (typo)', () => locks.acquire('k', { ttl: 5000 } as never), 'options.ttl'],
+    ['options not an object', () => locks.acquire('k', 'fast' as never), 'options'],
+    ['withLock without fn', () => locks.withLock('k', {}, undefined as never), 'fn'],
+    ['tryAcquire', () => locks.tryAcquire('k', { ttlMs: 0 }), 'options.ttlMs'],
+    ['inspect prefix', () => locks.inspect(7 as never), 'prefix'],
+  ];
+
+  for (const [name, call, argument] of cases) {
+    it(name, async () => {
+      const error = await call().then(() => undefined, (e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidArgumentError);
+      expect(error).toMatchObject({ code: 'INVALID_ARGUMENT', argument, name: 'InvalidArgumentError' });
+      expect((error as Error).message).toContain(argument);
+    });
+  }
+
+  it('nothing was changed by the refused calls', async () => {
+    expect(await locks.inspect()).toEqual([]);
+    expect((await locks.acquire('k')).token).toBe(1n);
+  });
+
+  it('constructor options are checked too', () => {
+    expect(() => new Locks({ backend: {} as never })).toThrow(/backend/);
+    expect(() => new Locks({ backend: memoryBackend(), driftFactor: 2 })).toThrow(/driftFactor/);
+    expect(() => new Locks({ backend: memoryBackend(), holderName: 'bad\nname' })).toThrow(/holderName/);
+    expect(() => new Locks({ backend: memoryBackend(), defaults: { ttlMs: 5 } })).toThrow(/defaults.ttlMs/);
+    expect(() => createLocks({ url: 'mysql://x' })).toThrow(/unsupported scheme/);
+    expect(() => createLocks({ url: 'sqlite:' })).toThrow(/file path/);
+    expect(() => backendLoader('etcd://nohostport')).toThrow(/host:port/);
+    expect(() => backendLoader('redlock://a:1,b')).toThrow(/host:port/);
+    expect(() => createLocks({ backend: memoryBackend(), url: 'memory:' })).toThrow(/either backend or url/);
+  });
+
+  it('defaults are documented values, frozen', async () => {
+    const { DEFAULTS } = await import('../../src/index.js');
+    expect(Object.isFrozen(DEFAULTS)).toBe(true);
+    expect(DEFAULTS).toMatchObject({ ttlMs: 30_000, waitMs: 10_000, lockDelayMs: 0, mode: 'exclusive', autoRenew: true });
+    const lease = await new Locks({ backend: memoryBackend() }).acquire('d');
+    expect(lease.ttlMs).toBe(30_000);
+    await lease.release();
+  });
+});
