@@ -23,7 +23,8 @@ export function pause(clock: Clock, ms: number, signal?: AbortSignal): { done: P
       signal?.removeEventListener('abort', finish);
       resolve();
     };
-    const timer = clock.setTimeout(finish, ms);
+    // The caller is awaiting this pause: keep the process alive (an unref'd wait would let Node exit mid-await).
+    const timer = clock.setTimeout(finish, ms, { keepAlive: true });
     signal?.addEventListener('abort', finish, { once: true });
     wake = finish;
   });

@@ -6,8 +6,11 @@
 export interface Clock {
   /** Monotonic milliseconds; only differences are meaningful. */
   now(): number;
-  /** Runs `fn` after `ms`; the timer never keeps the process alive. */
-  setTimeout(fn: () => void, ms: number): TimerHandle;
+  /**
+   * Runs `fn` after `ms`. Background timers (renewal, validity) never keep the process alive;
+   * `keepAlive` is for timers a caller is awaiting (waiting for a busy key), which must.
+   */
+  setTimeout(fn: () => void, ms: number, options?: { keepAlive?: boolean }): TimerHandle;
   clearTimeout(handle: TimerHandle): void;
 }
 
@@ -20,9 +23,9 @@ export const MAX_TIMER_MS = 2_147_483_647;
 /** performance.now() and unref'd Node timers. */
 export const systemClock: Clock = Object.freeze({
   now: () => performance.now(),
-  setTimeout(fn: () => void, ms: number): TimerHandle {
+  setTimeout(fn: () => void, ms: number, options?: { keepAlive?: boolean }): TimerHandle {
     const t = setTimeout(fn, Math.min(Math.max(0, ms), MAX_TIMER_MS));
-    t.unref?.();
+    if (!options?.keepAlive) t.unref?.();
     return t;
   },
   clearTimeout(handle: TimerHandle): void {
@@ -82,7 +85,7 @@ export function skewedClock(base: Clock, skew: { offsetMs?: number; rate?: numbe
   const origin = base.now();
   return {
     now: () => origin + offset + (base.now() - origin) * rate,
-    setTimeout: (fn, ms) => base.setTimeout(fn, ms / rate),
+    setTimeout: (fn, ms, options) => base.setTimeout(fn, ms / rate, options),
     clearTimeout: (h) => base.clearTimeout(h),
   };
 }
