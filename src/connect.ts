@@ -46,7 +46,7 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
     default:
       throw new InvalidArgumentError(
         'url',
-        `unsupported scheme in ${JSON.stringify(url.length > 80 ? `${url.slice(0, 80)}…` : url)}; expected memory:, sqlite:PATH, postgres://, redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
+        `unsupported scheme in ${JSON.stringify(redact(url))}; expected memory:, sqlite:PATH, postgres://, redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
       );
   }
 }
@@ -69,4 +69,10 @@ function hostList(url: string, scheme: string): string[] {
     }
   }
   return hosts;
+}
+
+/** A URL fit for an error message: credentials masked, length bounded. */
+export function redact(url: string): string {
+  const masked = url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^@/]*@/i, '$1***@');
+  return masked.length > 80 ? `${masked.slice(0, 80)}…` : masked;
 }
