@@ -5,7 +5,7 @@ import { checkObject, describe } from './core/validate.js';
 import { InvalidArgumentError } from './core/errors.js';
 
 export interface CreateLocksOptions extends Omit<LocksOptions, 'backend'> {
-  /** The coordinator. @default the backend named by `url`, else LEASEHOLD_URL, else SQLite at ./leasehold.db */
+  /** The coordinator. @default the backend named by `url`, else LEASEHOLD_URL (when set and not empty), else SQLite at ./leasehold.db */
   backend?: Backend;
   /** A coordinator URL (`sqlite:PATH`, `memory:`, `postgres://…`, `redis://…`, `etcd://h1:p,h2:p`), used when `backend` is not given. */
   url?: string;
@@ -19,7 +19,7 @@ export function createLocks(options?: CreateLocksOptions): Locks {
   const { backend, url, ...rest } = checkObject(options, 'options') as CreateLocksOptions;
   if (backend !== undefined && url !== undefined) throw new InvalidArgumentError('options', 'give either backend or url, not both');
   if (url !== undefined && typeof url !== 'string') throw new InvalidArgumentError('url', `expected a string, got ${describe(url)}`);
-  const source = backend ?? backendLoader(url ?? process.env.LEASEHOLD_URL ?? DEFAULT_URL);
+  const source = backend ?? backendLoader(url ?? (process.env.LEASEHOLD_URL || DEFAULT_URL));
   return new Locks({ ...rest, backend: source });
 }
 
