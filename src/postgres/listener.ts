@@ -1,0 +1,169 @@
+import { quotePg } from './util.js';
+
+/** One connection that can LISTEN: a dedicated pg `Client`, or a client checked out of a pool and never returned. */
+export interface ListenConnection {
+  query(text: string): Promise<unknown>;
+  on(event: 'notification', listener: (message: { channel: string; payload?: string }) => void): unknown;
+  on(event: 'error', listener: (error: Error) => void): unknown;
+  on(event: 'end', listener: () => void): unknown;
+  removeAllListeners(event?: string): unknown;
+}
+
+export interface ListenerOptions {
+  /** Opens the connection (never from a transaction-mode pooler: LISTEN needs a session of its own). */
+  connect(): Promise<ListenConnection>;
+  /** Ends a connection opened by `connect`; `broken` when it failed. Must not throw. */
+  dispose(connection: ListenConnection, broken: boolean): Promise<void>;
+  channel: string;
+}
+
+/** How long the connection stays open with nobody waiting (so short waits back to back share it). */
+const IDLE_CLOSE_MS = 10_000;
+/** Reconnection after the connection dropped while someone waits: full backoff from 100 ms up to 2 s. */
+const RECONNECT_BASE_MS = 100;
+const RECONNECT_CAP_MS = 2_000;
+
+/**
+ * The backend's single LISTEN connection, shared by every waiter of this backend instance. It is
+ * opened on the first `add`, closed after IDLE_CLOSE_MS without subscribers, and reopened in the
+ * background when it drops while someone waits; after a reconnection every subscriber is called
+ * once, since notifications sent while it was down are lost.
+ */
+export class Listener {
+  readonly #options: ListenerOptions;
+  readonly #subscribers = new Map<string, Set<() => void>>();
+  #connection: ListenConnection | undefined;
+  #connecting: Promise<ListenConnection> | undefined;
+  #idleTimer: ReturnType<typeof setTimeout> | undefined;
+  #reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  #reconnectAttempt = 0;
+  #closed = false;
+
+  constructor(options: ListenerOptions) {
+    this.#options = options;
+  }
+
+  /** Resolves once LISTEN is active and `onChange` registered for `key`, with a function that ends it. */
+  async add(key: string, onChange: () => void): Promise<() => void> {
+    this.#clearIdle();
+    await this.#ensure();
+    let set = this.#subscribers.get(key);
+    if (!set) this.#subscribers.set(key, (set = new Set()));
+    set.add(onChange);
+    let removed = false;
+    return () => {
+      if (removed) return;
+      removed = true;
+      set.delete(onChange);
+      if (set.size === 0 && this.#subscribers.get(key) === set) this.#subscribers.delete(key);
+      if (this.#subscribers.size === 0) this.#armIdle();
+    };
+  }
+
+  /** Calls every subscriber (the backend is closing, or notifications may have been missed). */
+  wakeAll(): void {
+    for (const set of [...this.#subscribers.values()]) for (const fn of [...set]) fn();
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#clearIdle();
+    if (this.#reconnectTimer) clearTimeout(this.#reconnectTimer);
+    this.wakeAll();
+    this.#subscribers.clear();
+    const pending = this.#connecting;
+    this.#connecting = undefined;
+    const connection = this.#connection ?? (await pending?.catch(() => undefined));
+    this.#connection = undefined;
+    if (connection) await this.#drop(connection, false);
+  }
+
+  #ensure(): Promise<ListenConnection> {
+    if (this.#closed) return Promise.reject(new Error('listener closed'));
+    if (this.#connection) return Promise.resolve(this.#connection);
+    this.#connecting ??= this.#open().finally(() => {
+      this.#connecting = undefined;
+    });
+    return this.#connecting;
+  }
+
+  async #open(): Promise<ListenConnection> {
+    const connection = await this.#options.connect();
+    let failed = false;
+    const onLoss = (): void => {
+      if (failed) return;
+      failed = true;
+      this.#lost(connection);
+    };
+    // An 'error' without a listener would crash the process; a dropped connection is handled here.
+    connection.on('error', onLoss);
+    connection.on('end', onLoss);
+    connection.on('notification', (message) => {
+      if (message.channel !== this.#options.channel || message.payload === undefined) return;
+      const set = this.#subscribers.get(message.payload);
+      if (set) for (const fn of [...set]) fn();
+    });
+    try {
+      await connection.query(`LISTEN ${quotePg(this.#options.channel)}`);
+    } catch (error) {
+      failed = true;
+      await this.#drop(connection, true);
+      throw error;
+    }
+    if (this.#closed || failed) {
+      if (!failed) await this.#drop(connection, false);
+      throw new Error(this.#closed ? 'listener closed' : 'LISTEN connection dropped while opening');
+    }
+    this.#connection = connection;
+    this.#reconnectAttempt = 0;
+    if (this.#subscribers.size === 0) this.#armIdle();
+    return connection;
+  }
+
+  #lost(connection: ListenConnection): void {
+    if (this.#connection === connection) this.#connection = undefined;
+    void this.#drop(connection, true);
+    if (!this.#closed && this.#subscribers.size > 0) this.#scheduleReconnect();
+  }
+
+  #scheduleReconnect(): void {
+    if (this.#reconnectTimer || this.#closed) return;
+    const ceiling = Math.min(RECONNECT_CAP_MS, RECONNECT_BASE_MS * 2 ** Math.min(this.#reconnectAttempt++, 10));
+    this.#reconnectTimer = setTimeout(() => {
+      this.#reconnectTimer = undefined;
+      if (this.#closed || this.#subscribers.size === 0 || this.#connection) return;
+      this.#ensure().then(
+        () => this.wakeAll(), // notifications sent while we were away are gone: everyone re-checks
+        () => this.#scheduleReconnect(),
+      );
+    }, ceiling * (0.5 + Math.random() / 2));
+    this.#reconnectTimer.unref();
+  }
+
+  async #drop(connection: ListenConnection, broken: boolean): Promise<void> {
+    connection.removeAllListeners('notification');
+    connection.removeAllListeners('end');
+    // Keep an 'error' listener: a late socket error after we let go must not crash the process.
+    connection.removeAllListeners('error');
+    connection.on('error', () => {});
+    await this.#options.dispose(connection, broken).catch(() => {});
+  }
+
+  #armIdle(): void {
+    if (this.#idleTimer || this.#closed) return;
+    this.#idleTimer = setTimeout(() => {
+      this.#idleTimer = undefined;
+      if (this.#subscribers.size > 0 || !this.#connection) return;
+      const connection = this.#connection;
+      this.#connection = undefined;
+      void this.#drop(connection, false);
+    }, IDLE_CLOSE_MS);
+    this.#idleTimer.unref();
+  }
+
+  #clearIdle(): void {
+    if (this.#idleTimer) clearTimeout(this.#idleTimer);
+    this.#idleTimer = undefined;
+  }
+}
