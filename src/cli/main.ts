@@ -1,0 +1,203 @@
+#!/usr/bin/env node
+/**
+ * The `leasehold` command:
+ *
+ * - `leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
+ * - `leasehold ls [PREFIX] [--url URL] [--json]`
+ * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR]`
+ *
+ * Every expected failure is one line on stderr (`leasehold: …`) and an exit code from
+ * {@link EXIT}; bad arguments add a `usage:` line and exit 64. Set LEASEHOLD_DEBUG=1 to see the
+ * stack of an internal error.
+ */
+import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
+import { Command, CommanderError, InvalidArgumentError as CommanderArgumentError, Option } from 'commander';
+import { InvalidArgumentError } from '../core/errors.js';
+import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
+import { runDemo } from './demo.js';
+import { formatDuration, parseDuration } from './duration.js';
+import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
+import { listLeases } from './ls.js';
+import { runCommand } from './run.js';
+
+const USAGE = Object.freeze({
+  program: 'leasehold <run|ls|demo> [options]   (leasehold --help)',
+  run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
+  ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
+  demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR]',
+});
+
+/** Thrown by commander's exit hook instead of exiting: what it would have exited with, and for which command. */
+class CommanderExit extends Error {
+  constructor(
+    readonly error: CommanderError,
+    readonly usage: string,
+  ) {
+    super(error.message);
+  }
+}
+
+function packageVersion(): string {
+  try {
+    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
+    return typeof pkg.version === 'string' ? pkg.version : 'unknown';
+  } catch {
+    return 'unknown';
+  }
+}
+
+/** A commander option parser for durations: a bad value becomes commander's own invalid-argument error. */
+function durationOption(flag: string, allowForever = false): (value: string) => number {
+  return (value) => {
+    try {
+      return parseDuration(value, flag, { allowForever });
+    } catch (error) {
+      if (error instanceof InvalidArgumentError) throw new CommanderArgumentError(error.message.replace(`invalid ${flag}: `, ''));
+      throw error;
+    }
+  };
+}
+
+/**
+ * Builds the program. `commandLine` is what followed `--` after `run` (undefined when there was
+ * no `--`); `done` receives the exit code of the subcommand that ran.
+ */
+function buildProgram(commandLine: string[] | undefined, done: (code: number) => void): Command {
+  const program = new Command('leasehold');
+  const guard = (cmd: Command, usage: string): Command =>
+    cmd
+      .configureOutput({ outputError: (text, write) => write(`leasehold: ${text}`) })
+      .exitOverride((error) => {
+        throw new CommanderExit(error, usage);
+      });
+  /** Runs a subcommand; its errors become one-line exits carrying the subcommand's usage. */
+  const action = <A extends unknown[]>(usage: string, fn: (...args: A) => Promise<number>) =>
+    async (...args: A): Promise<void> => {
+      try {
+        done(await fn(...args));
+      } catch (error) {
+        throw toCliExit(error, usage);
+      }
+    };
+
+  guard(program, USAGE.program)
+    .description('Distributed leases with fencing tokens.')
+    .usage('<command> [options]')
+    .version(packageVersion(), '-V, --version', 'print the version')
+    .helpOption('-h, --help', 'show help')
+    .showSuggestionAfterError()
+    .addHelpText('after', '\nExit codes: 0 ok (run: COMMAND\'s own code), 64 bad arguments, 69 coordinator unavailable,\n75 key busy, 126 cannot execute, 127 command not found, 128+n killed by signal n.');
+
+  const run = guard(program.command('run'), USAGE.run)
+    .summary('run COMMAND while holding the lease on KEY')
+    .description(
+      'Runs COMMAND (no shell) while holding the lease on KEY, renewed in the background; releases it when COMMAND exits.\n' +
+        'COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER. When the lease is lost it gets SIGTERM, then\n' +
+        'SIGKILL after --grace. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to it.\n' +
+        'Exits with COMMAND\'s code (128+n if a signal killed it), 75 when KEY is busy, 127 when COMMAND is not found.',
+    )
+    .usage('KEY [options] -- COMMAND [ARGS...]')
+    .argument('<KEY>', 'the lease key, e.g. nightly-report')
+    .allowExcessArguments(true)
+    .addOption(new Option('--ttl <duration>', 'lease ttl: how long a crashed holder keeps the key').default(30_000, '30s').argParser(durationOption('--ttl')))
+    .addOption(new Option('--wait <duration>', 'how long to wait for a busy key (0: skip at once; forever)').default(0, '0').argParser(durationOption('--wait', true)))
+    .addOption(new Option('--url <url>', 'coordinator URL (sqlite:PATH, memory:, ...)').default(undefined, 'LEASEHOLD_URL, else sqlite:./leasehold.db'))
+    .addOption(new Option('--grace <duration>', 'after a lost lease, time from SIGTERM to SIGKILL').default(10_000, '10s').argParser(durationOption('--grace')))
+    .addOption(new Option('--mode <mode>', 'exclusive (one holder) or shared (many)').choices(['exclusive', 'shared']).default('exclusive'));
+  run.action(
+    action(USAGE.run, async (key: string, opts: { ttl: number; wait: number; url?: string; grace: number; mode: LockMode }, cmd: Command) => {
+      if (cmd.args.length > 1) throw usageError(`COMMAND goes after --, as in: leasehold run ${key} -- ${cmd.args.slice(1).join(' ')}`, USAGE.run);
+      if (commandLine === undefined || commandLine.length === 0) throw usageError('missing COMMAND after --', USAGE.run);
+      const [command, ...args] = commandLine as [string, ...string[]];
+      if (command.length === 0) throw usageError('COMMAND must not be empty', USAGE.run);
+      checkKey(key, 'KEY');
+      if (opts.ttl < MIN_TTL_MS) throw usageError(`--ttl must be at least ${MIN_TTL_MS}ms, got ${formatDuration(opts.ttl)}`, USAGE.run);
+      return runCommand(
+        { key, command, args, ttlMs: opts.ttl, waitMs: opts.wait, graceMs: opts.grace, mode: opts.mode, url: opts.url },
+        (line) => process.stderr.write(`leasehold: ${line}\n`),
+      );
+    }),
+  );
+
+  guard(program.command('ls'), USAGE.ls)
+    .summary('list current holders, tokens, expiry and waiters')
+    .description('Lists the holders of keys starting with PREFIX (all keys by default): KEY, MODE, TOKEN, HOLDER, EXPIRES IN, WAITERS, LOCK-DELAY.')
+    .argument('[PREFIX]', 'only keys starting with this')
+    .addOption(new Option('--url <url>', 'coordinator URL (sqlite:PATH, memory:, ...)').default(undefined, 'LEASEHOLD_URL, else sqlite:./leasehold.db'))
+    .option('--json', 'print JSON (tokens as strings)', false)
+    .action(
+      action(USAGE.ls, async (prefix: string | undefined, opts: { url?: string; json: boolean }) =>
+        listLeases({ prefix, url: opts.url, json: opts.json }, (text) => process.stdout.write(text)),
+      ),
+    );
+
+  guard(program.command('demo'), USAGE.demo)
+    .summary('the zombie-worker scenario with real processes and SIGSTOP, without and with a fence')
+    .description(
+      'Worker A takes a lease, checks it, and is frozen (SIGSTOP) for --pause, longer than --ttl, before it saves.\n' +
+        'Worker B takes over with a higher token and saves. Run 1 saves with plain UPDATEs (A overwrites B);\n' +
+        'run 2 saves through sqliteFence (A is refused with StaleTokenError). Exits 0 when the fence kept B\'s result.',
+    )
+    .addOption(new Option('--ttl <duration>', 'lease ttl of both workers').default(1_000, '1s').argParser(durationOption('--ttl')))
+    .addOption(new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')))
+    .option('--dir <dir>', 'keep the lease and data files in DIR (default: a temporary directory, removed afterwards)')
+    .action(
+      action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string }) =>
+        runDemo({ ttlMs: opts.ttl, pauseMs: opts.pause, dir: opts.dir }, process.stdout, USAGE.demo),
+      ),
+    );
+
+  return program;
+}
+
+/** Parses `argv` (without node and script), runs the subcommand, and resolves with the exit code. */
+export async function main(argv: readonly string[]): Promise<number> {
+  // `run` takes everything after the first `--` as COMMAND, untouched: options of COMMAND are never ours.
+  let commandLine: string[] | undefined;
+  let ours = [...argv];
+  if (argv[0] === 'run') {
+    const dashes = argv.indexOf('--');
+    if (dashes >= 0) {
+      commandLine = argv.slice(dashes + 1);
+      ours = argv.slice(0, dashes);
+    }
+  }
+  let code: number = EXIT.OK;
+  try {
+    await buildProgram(commandLine, (c) => {
+      code = c;
+    }).parseAsync(ours, { from: 'user' });
+    return code;
+  } catch (error) {
+    if (error instanceof CommanderExit) {
+      const { code: id } = error.error;
+      if (id === 'commander.helpDisplayed' || id === 'commander.version') return EXIT.OK;
+      // Commander has printed its one-line error (or, for a missing subcommand, the help) already.
+      process.stderr.write(`usage: ${error.usage}\n`);
+      return EXIT.USAGE;
+    }
+    const exit = error instanceof CliExit ? error : toCliExit(error, USAGE.program);
+    if (exit.exitCode === EXIT.SOFTWARE && process.env.LEASEHOLD_DEBUG) console.error(error);
+    process.stderr.write(`leasehold: ${oneLine(exit.message)}\n`);
+    if (exit.usage) process.stderr.write(`usage: ${exit.usage}\n`);
+    return exit.exitCode;
+  }
+}
+
+async function exit(code: number): Promise<never> {
+  if (process.stdout.writableNeedDrain) await once(process.stdout, 'drain');
+  process.exit(code);
+}
+
+// Last line of defence: never a stack trace or an unhandled rejection for the user.
+process.on('unhandledRejection', (reason) => {
+  process.stderr.write(`leasehold: internal error: ${oneLine(reason instanceof Error ? reason.message : String(reason))}\n`);
+  if (process.env.LEASEHOLD_DEBUG) console.error(reason);
+  process.exit(EXIT.SOFTWARE);
+});
+
+main(process.argv.slice(2)).then(exit, (error: unknown) => {
+  process.stderr.write(`leasehold: internal error: ${oneLine(error instanceof Error ? error.message : String(error))}\n`);
+  process.exit(EXIT.SOFTWARE);
+});
