@@ -92,17 +92,18 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
   const run = guard(program.command('run'), USAGE.run)
     .summary('run COMMAND while holding the lease on KEY')
     .description(
-      'Runs COMMAND (no shell) while holding the lease on KEY, renewed in the background; releases it when COMMAND exits.\n' +
-        'COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER. When the lease is lost it gets SIGTERM, then\n' +
-        'SIGKILL after --grace. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to it.\n' +
-        'Exits with COMMAND\'s code (128+n if a signal killed it), 75 when KEY is busy, 127 when COMMAND is not found.',
+      'Runs COMMAND (no shell) while holding the lease on KEY, renewed in the background, and releases it when COMMAND exits. ' +
+        'COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER. When the lease is lost it gets SIGTERM, then SIGKILL after --grace. ' +
+        'SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to it.\n\n' +
+        'Exits with COMMAND\'s code (128+n if a signal killed it), 75 when KEY is busy, 69 when the coordinator is unreachable, ' +
+        '127 when COMMAND is not found, 64 for bad arguments.',
     )
     .usage('KEY [options] -- COMMAND [ARGS...]')
     .argument('<KEY>', 'the lease key, e.g. nightly-report')
     .allowExcessArguments(true)
     .addOption(new Option('--ttl <duration>', 'lease ttl: how long a crashed holder keeps the key').default(30_000, '30s').argParser(durationOption('--ttl')))
     .addOption(new Option('--wait <duration>', 'how long to wait for a busy key (0: skip at once; forever)').default(0, '0').argParser(durationOption('--wait', true)))
-    .addOption(new Option('--url <url>', 'coordinator URL (sqlite:PATH, memory:, ...)').default(undefined, 'LEASEHOLD_URL, else sqlite:./leasehold.db'))
+    .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
     .addOption(new Option('--grace <duration>', 'after a lost lease, time from SIGTERM to SIGKILL').default(10_000, '10s').argParser(durationOption('--grace')))
     .addOption(new Option('--mode <mode>', 'exclusive (one holder) or shared (many)').choices(['exclusive', 'shared']).default('exclusive'));
   run.action(
@@ -124,20 +125,21 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .summary('list current holders, tokens, expiry and waiters')
     .description('Lists the holders of keys starting with PREFIX (all keys by default): KEY, MODE, TOKEN, HOLDER, EXPIRES IN, WAITERS, LOCK-DELAY.')
     .argument('[PREFIX]', 'only keys starting with this')
-    .addOption(new Option('--url <url>', 'coordinator URL (sqlite:PATH, memory:, ...)').default(undefined, 'LEASEHOLD_URL, else sqlite:./leasehold.db'))
-    .option('--json', 'print JSON (tokens as strings)', false)
+    .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
+    .option('--json', 'print JSON (tokens as strings)')
     .action(
-      action(USAGE.ls, async (prefix: string | undefined, opts: { url?: string; json: boolean }) =>
-        listLeases({ prefix, url: opts.url, json: opts.json }, (text) => process.stdout.write(text)),
+      action(USAGE.ls, async (prefix: string | undefined, opts: { url?: string; json?: boolean }) =>
+        listLeases({ prefix, url: opts.url, json: opts.json === true }, (text) => process.stdout.write(text)),
       ),
     );
 
   guard(program.command('demo'), USAGE.demo)
     .summary('the zombie-worker scenario with real processes and SIGSTOP, without and with a fence')
     .description(
-      'Worker A takes a lease, checks it, and is frozen (SIGSTOP) for --pause, longer than --ttl, before it saves.\n' +
-        'Worker B takes over with a higher token and saves. Run 1 saves with plain UPDATEs (A overwrites B);\n' +
-        'run 2 saves through sqliteFence (A is refused with StaleTokenError). Exits 0 when the fence kept B\'s result.',
+      'Worker A (a real process) takes a lease, checks it, and is frozen with SIGSTOP for --pause, longer than --ttl, before it saves. ' +
+        'Worker B takes over with a higher token and saves. Run 1 saves with plain UPDATEs: A overwrites B. ' +
+        'Run 2 saves through sqliteFence: A is refused with StaleTokenError.\n\n' +
+        'Exits 0 when the fence kept B\'s result, 1 when it did not.',
     )
     .addOption(new Option('--ttl <duration>', 'lease ttl of both workers').default(1_000, '1s').argParser(durationOption('--ttl')))
     .addOption(new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')))

@@ -161,9 +161,10 @@ async function obtain(locks: Locks, o: RunOptions, signal: AbortSignal): Promise
 }
 
 /**
- * Keeps the process alive until `promise` settles. Core's timers are unref'd ("a timer never
- * keeps the process alive"), including the pauses of a waiting `acquire`, so without this Node
- * would exit with code 0 in the middle of `--wait`, leaving our place in the wait queue behind.
+ * Keeps the process alive until `promise` settles. Core's waiting pauses keep the process alive
+ * themselves (since 077b851; before that Node exited with code 0 in the middle of `--wait`), but
+ * a backend may wait on unref'd handles of its own (SQLite polls for changes on an unref'd
+ * timer), and exiting mid-wait would report success for a command that never ran.
  */
 async function keepingAlive<T>(promise: Promise<T>): Promise<T> {
   const timer = setInterval(() => {}, 60_000);
