@@ -188,8 +188,19 @@ export async function main(argv: readonly string[]): Promise<number> {
 }
 
 async function exit(code: number): Promise<never> {
-  if (process.stdout.writableNeedDrain) await once(process.stdout, 'drain');
+  // Let a large `ls --json` reach a slow pipe, but never hang on a reader that is gone.
+  if (process.stdout.writableNeedDrain && !process.stdout.destroyed) {
+    await Promise.race([once(process.stdout, 'drain').catch(() => {}), new Promise((r) => setTimeout(r, 5_000).unref())]);
+  }
   process.exit(code);
+}
+
+// A reader that went away (`leasehold demo | head`) is not an error worth a stack trace, and the
+// command must still finish its cleanup (kill workers, release leases, remove temp files).
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on('error', (error: NodeJS.ErrnoException) => {
+    if (error.code !== 'EPIPE') throw error;
+  });
 }
 
 // Last line of defence: never a stack trace or an unhandled rejection for the user.

@@ -49,7 +49,9 @@ type ChildOutcome = { code: number | null; signal: NodeJS.Signals | null } | { e
  * notices nothing at all until it runs again; resources COMMAND writes should check
  * LEASEHOLD_TOKEN with a fence. Only COMMAND itself is signalled, not processes it started in
  * the background. If leasehold itself is killed with SIGKILL, COMMAND keeps running without the
- * lease (nothing can forward a SIGKILL); the `exit` handler covers every other way out.
+ * lease (nothing can forward a SIGKILL); the `exit` handler covers every other way out. COMMAND
+ * stays in leasehold's process group (so it keeps the terminal), which means a Ctrl-C typed at a
+ * terminal reaches it twice: once from the terminal, once forwarded.
  *
  * Rejects with `CliExit`, or with the library's errors (`BackendUnavailableError` when the
  * coordinator is unreachable, `InvalidArgumentError` for a bad key, ttl or URL).

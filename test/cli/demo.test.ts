@@ -97,6 +97,16 @@ describe('leasehold demo', () => {
     expect(existsSync(join(dir, 'data.db'))).toBe(true);
   });
 
+  it('survives a reader that goes away (demo | head): no stack trace, still cleans up', async () => {
+    const cli = startCli(['demo', '--ttl', '200ms', '--pause', '400ms'], sb);
+    await cli.waitFor(/zombie worker/, 30_000);
+    cli.child.stdout!.destroy();
+    const r = await cli.done;
+    expect(r.code).toBe(0);
+    expect(r.stderr).toBe('');
+    expect(demoTempDirs()).toEqual([]);
+  });
+
   it('on SIGINT while A is frozen, kills both workers, removes its temp dir and exits 130', async () => {
     const cli = startCli(['demo', '--ttl', '300ms', '--pause', '30s'], sb);
     await cli.waitFor(/SIGSTOP A/, 60_000);

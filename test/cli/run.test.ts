@@ -228,6 +228,8 @@ describe('leasehold run', () => {
     { signal: 'SIGTERM' as const, n: 15 },
     { signal: 'SIGINT' as const, n: 2 },
     { signal: 'SIGHUP' as const, n: 1 },
+    { signal: 'SIGQUIT' as const, n: 3 },
+    { signal: 'SIGUSR1' as const, n: 10 },
     { signal: 'SIGUSR2' as const, n: 12 },
   ])('forwards $signal to COMMAND, waits for it, then releases', async ({ signal, n }) => {
     const cli = startCli(['run', 'job', '--', NODE, CHILD, 'wait'], sb);
