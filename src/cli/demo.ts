@@ -77,8 +77,9 @@ interface RunResult {
  * `sqliteFence`: A's write is refused with StaleTokenError and B's result stays. Each run prints a
  * timeline; the verdicts read the final document from the data file, not the workers' claims.
  *
- * Resolves with 0 when the fenced run kept B's result, 1 otherwise (why is printed). Rejects with
- * `CliExit` (64 for `pauseMs <= ttlMs`, 1 when a worker fails or a step times out). Workers are
+ * Resolves with 0 when the fenced run kept B's result. Rejects with `CliExit`: 1 naming why when it
+ * did not (the verdict is also printed), when a worker fails or when a step times out; 64 for
+ * `pauseMs <= ttlMs`, a ttl under {@link DEMO_MIN_TTL_MS} or an unusable `dir`. Workers are
  * killed on every way out, including SIGINT/SIGTERM/SIGHUP; the temporary directory is removed
  * unless `dir` was given.
  */
@@ -93,7 +94,13 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
   if (!existsSync(WORKER_PATH)) throw new CliExit(EXIT.SOFTWARE, `demo worker not found at ${WORKER_PATH} (run npm run build)`);
 
   const dir = o.dir === undefined ? mkdtempSync(join(tmpdir(), 'leasehold-demo-')) : resolve(o.dir);
-  if (o.dir !== undefined) mkdirSync(dir, { recursive: true });
+  if (o.dir !== undefined) {
+    try {
+      mkdirSync(dir, { recursive: true });
+    } catch (error) {
+      throw usageError(`cannot use --dir ${dir}: ${(error as Error).message}`, usage);
+    }
+  }
   const leaseDb = join(dir, 'locks.db');
   const dataDb = join(dir, 'data.db');
   const workers = new Set<Worker>();
