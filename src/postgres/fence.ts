@@ -2,7 +2,7 @@ import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
 import type { Fence } from '../core/fence.js';
 import { toToken, type TokenInput } from '../core/token.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { checkPgIdentifier, checkPool, createOnce, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
+import { checkPgIdentifier, checkPool, createOnce, guardClient, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
 
 export interface PostgresFenceOptions {
   /** Schema of the high-water mark table (created if missing). @default 'public' */
@@ -58,6 +58,10 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
       }
       let broken: Error | undefined;
       let inTx = false;
+      // a connection that drops between two statements (server restart) must not crash the process
+      const unguard = guardClient(client, (e) => {
+        broken = e;
+      });
       try {
         try {
           await client.query('BEGIN');
@@ -91,6 +95,7 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
         }
         throw error;
       } finally {
+        unguard();
         client.release(broken);
       }
     },

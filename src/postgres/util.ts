@@ -5,6 +5,9 @@ import { describe } from '../core/validate.js';
 export interface PgClient {
   query(text: string, values?: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null; command?: string }>;
   release(destroy?: boolean | Error): void;
+  /** pg clients are event emitters: a checked-out client reports a dropped connection as an 'error' event. */
+  on?(event: 'error', listener: (error: Error) => void): unknown;
+  removeListener?(event: 'error', listener: (error: Error) => void): unknown;
 }
 
 /** The few methods of a pg `Pool` that leasehold calls. */
@@ -47,10 +50,25 @@ export function mapPgError(what: string, error: unknown): LeaseholdError {
   return new BackendUnavailableError('postgres', `${what} failed${code ? ` (${code})` : ''}: ${message}`, { cause: error });
 }
 
+/**
+ * A pg client checked out of a pool has no 'error' listener: if its connection drops between two
+ * queries (a server restart), the 'error' event would crash the process. Listens while the client
+ * is out; `onError` learns that the connection is broken (release it with the error to destroy it).
+ * Returns the function that stops listening, to call before `release`.
+ */
+export function guardClient(client: PgClient, onError: (error: Error) => void): () => void {
+  if (typeof client.on !== 'function') return () => {};
+  client.on('error', onError);
+  return () => client.removeListener?.('error', onError);
+}
+
 /** Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent first uses do not race in the catalog. */
 export async function createOnce(pool: PgPool, lockName: string, statements: string[]): Promise<void> {
   const client = await pool.connect();
   let broken: Error | undefined;
+  const unguard = guardClient(client, (e) => {
+    broken = e;
+  });
   try {
     await client.query('BEGIN');
     await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
@@ -62,6 +80,7 @@ export async function createOnce(pool: PgPool, lockName: string, statements: str
     });
     throw error;
   } finally {
+    unguard();
     client.release(broken);
   }
 }
