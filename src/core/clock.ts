@@ -35,7 +35,10 @@ export const systemClock: Clock = Object.freeze({
 
 /** A clock that only moves when told to; timers fire synchronously inside {@link ManualClock.advance}. */
 export interface ManualClock extends Clock {
+  /** Moves time forward, firing each due timer at its own due time, in order. */
   advance(ms: number): void;
+  /** Time leaps forward first, then every overdue timer fires, all seeing the new time: what a process sees after SIGSTOP/SIGCONT. */
+  jump(ms: number): void;
   /** Number of pending timers (for tests that check nothing is left behind). */
   pending(): number;
 }
@@ -44,6 +47,22 @@ export function manualClock(start = 0): ManualClock {
   let current = start;
   let seq = 0;
   const timers = new Map<object, { at: number; seq: number; fn: () => void }>();
+  /** Fires due timers in order; with `leap`, time is already at `target` when they run. */
+  const fire = (target: number, leap: boolean): void => {
+    if (leap) current = Math.max(current, target);
+    for (;;) {
+      let next: [object, { at: number; seq: number; fn: () => void }] | undefined;
+      for (const entry of timers) {
+        if (entry[1].at > target) continue;
+        if (!next || entry[1].at < next[1].at || (entry[1].at === next[1].at && entry[1].seq < next[1].seq)) next = entry;
+      }
+      if (!next) break;
+      timers.delete(next[0]);
+      current = Math.max(current, next[1].at);
+      next[1].fn();
+    }
+    current = Math.max(current, target);
+  };
   return {
     now: () => current,
     setTimeout(fn, ms) {
@@ -54,21 +73,8 @@ export function manualClock(start = 0): ManualClock {
     clearTimeout(handle) {
       timers.delete(handle);
     },
-    advance(ms) {
-      const target = current + ms;
-      for (;;) {
-        let next: [object, { at: number; seq: number; fn: () => void }] | undefined;
-        for (const entry of timers) {
-          if (entry[1].at > target) continue;
-          if (!next || entry[1].at < next[1].at || (entry[1].at === next[1].at && entry[1].seq < next[1].seq)) next = entry;
-        }
-        if (!next) break;
-        timers.delete(next[0]);
-        current = Math.max(current, next[1].at);
-        next[1].fn();
-      }
-      current = target;
-    },
+    advance: (ms) => fire(current + ms, false),
+    jump: (ms) => fire(current + ms, true),
     pending: () => timers.size,
   };
 }

@@ -118,6 +118,13 @@ export class Keeper {
   async #renew(): Promise<void> {
     const clock = this.ctx.clock;
     const sentAt = clock.now();
+    // After a pause (SIGSTOP, a blocked loop) the renewal timer can run before the validity timer:
+    // a lease whose validity already ran out is lost, whatever the coordinator would answer.
+    if (sentAt >= this.validUntil) {
+      const error = this.#lossError('expired');
+      this.lose('expired');
+      throw error;
+    }
     let outcome: RenewOutcome;
     try {
       outcome = await withTimeout(this.renewOnce(this.ttlMs), clock, Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validUntil - sentAt)), 'renew');

@@ -316,3 +316,19 @@ describe('Lease on an injected clock', () => {
     expect(leases.every((l) => (l.signal.reason as LeaseLostError | undefined)?.reason === 'session-lost')).toBe(true);
   });
 });
+
+describe('after a pause', () => {
+  it('a renewal due after validity ran out reports the loss as expired, without asking the coordinator', async () => {
+    const clock = manualClock(0);
+    let renewCalls = 0;
+    const inner = memoryBackend({ clock });
+    const backend: Backend = { ...inner, renew: (req) => (renewCalls++, inner.renew(req)) };
+    const locks = new Locks({ backend, clock });
+    const lease = await locks.acquire('k', { ttlMs: 300 });
+    // The process was frozen: both timers are overdue; the renewal timer (due first) runs first.
+    clock.jump(1_000);
+    await flush();
+    expect(renewCalls).toBe(0);
+    expect((lease.signal.reason as LeaseLostError).reason).toBe('expired');
+  });
+});
