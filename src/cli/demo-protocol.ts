@@ -21,8 +21,8 @@ export interface WorkerConfig {
   ttlMs: number;
   /** How long B waits for the key (A's lease must expire first). */
   waitMs: number;
-  /** The lease store (SQLite coordinator). */
-  leaseDb: string;
+  /** The coordinator's URL (default: a SQLite file beside the data). */
+  leaseUrl: string;
   /** The protected data (a separate SQLite file): table `documents`, fence table `leasehold_fences`. */
   dataDb: string;
   /** The document both workers recompute, e.g. `doc:42`; also the fence's resource name. */

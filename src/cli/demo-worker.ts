@@ -9,7 +9,7 @@ import Database from 'better-sqlite3';
 import { LeaseLostError, StaleTokenError } from '../core/errors.js';
 import type { Lease } from '../core/lease.js';
 import { createLocks } from '../index.js';
-import { sqliteBackend, sqliteFence } from '../sqlite/index.js';
+import { sqliteFence } from '../sqlite/index.js';
 import type { SqliteDatabase } from '../sqlite/util.js';
 import { GO_FD, type DocumentRow, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './demo-protocol.js';
 
@@ -55,7 +55,7 @@ async function main(): Promise<void> {
   // The demo is gone: so are we (a frozen worker learns this when it is continued or killed).
   process.on('disconnect', () => process.exit(1));
 
-  const locks = createLocks({ backend: sqliteBackend({ path: config.leaseDb }), holderName: `worker ${role} (pid ${process.pid})` });
+  const locks = createLocks({ url: config.leaseUrl, holderName: `worker ${role} (pid ${process.pid})` });
   const db = new Database(config.dataDb, { timeout: 5_000 });
   const data = db as unknown as SqliteDatabase;
   const fence = sqliteFence(data);

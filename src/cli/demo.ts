@@ -7,7 +7,8 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import type { Locks } from '../core/locks.js';
 import { createLocks } from '../index.js';
-import { sqliteBackend, sqliteFence } from '../sqlite/index.js';
+import { sqliteFence } from '../sqlite/index.js';
+import { backendLoader, redact } from '../connect.js';
 import type { SqliteDatabase } from '../sqlite/util.js';
 import type { WorkerCommand, WorkerConfig, WorkerEvent, WorkerEventName, WorkerRole } from './demo-protocol.js';
 import { formatDuration } from './duration.js';
@@ -20,6 +21,8 @@ export interface DemoOptions {
   pauseMs: number;
   /** Keep the lease and data files here (created if missing) instead of a temporary directory that is removed. */
   dir: string | undefined;
+  /** The coordinator the workers take their leases from. @default a SQLite file in the demo's directory */
+  url?: string | undefined;
 }
 
 /** The lease both workers take, and the document (and fence resource) it protects. */
@@ -91,6 +94,10 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
       usage,
     );
   }
+  if (o.url !== undefined && /^memory:/i.test(o.url)) {
+    throw usageError('--url memory: lives in one process; the demo\'s workers are separate processes (use sqlite:PATH, redis://, postgres:// or etcd://)', usage);
+  }
+  if (o.url !== undefined) backendLoader(o.url); // a malformed URL is a usage error before anything is created
   if (!existsSync(WORKER_PATH)) throw new CliExit(EXIT.SOFTWARE, `demo worker not found at ${WORKER_PATH} (run npm run build)`);
 
   const dir = o.dir === undefined ? mkdtempSync(join(tmpdir(), 'leasehold-demo-')) : resolve(o.dir);
@@ -101,7 +108,7 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
       throw usageError(`cannot use --dir ${dir}: ${(error as Error).message}`, usage);
     }
   }
-  const leaseDb = join(dir, 'locks.db');
+  const leaseUrl = o.url ?? `sqlite:${join(dir, 'locks.db')}`;
   const dataDb = join(dir, 'data.db');
   const workers = new Set<Worker>();
   const killAll = (): void => {
@@ -125,16 +132,16 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
     data = new Database(dataDb, { timeout: 5_000 });
     data.pragma('journal_mode = WAL');
     data.exec(SQL.createDocuments);
-    coordinator = createLocks({ backend: sqliteBackend({ path: leaseDb }), holderName: `demo (pid ${process.pid})` });
+    coordinator = createLocks({ url: leaseUrl, holderName: `demo (pid ${process.pid})` });
     const mutant = process.env[DEMO_MUTANT_ENV] === 'unfenced-a';
-    const ctx: Context = { o, out, leaseDb, dataDb, data, coordinator, workers };
+    const ctx: Context = { o, out, leaseUrl, dataDb, data, coordinator, workers };
 
     print(out, [
       'leasehold demo: the zombie worker',
       `  Workers A and B are separate processes. Each recomputes document ${DEMO_DOC} while holding the lease ${DEMO_KEY} (ttl ${formatDuration(o.ttlMs)}).`,
       `  Worker A checks that its lease is valid, then is frozen with SIGSTOP for ${formatDuration(o.pauseMs)}, longer than the ttl,`,
       '  between that check and its write (a GC pause, a stalled VM). Meanwhile its lease expires and B takes over.',
-      `  lease store: ${leaseDb}`,
+      `  lease store: ${redact(leaseUrl)}`,
       `  data:        ${dataDb} (table documents, separate from the lease store)`,
       ...(mutant ? [`  ${DEMO_MUTANT_ENV}=unfenced-a: in run 2, worker A bypasses the fence (the verdict must catch this)`] : []),
     ]);
@@ -169,7 +176,7 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
 interface Context {
   o: DemoOptions;
   out: Writable;
-  leaseDb: string;
+  leaseUrl: string;
   dataDb: string;
   data: Database.Database;
   coordinator: Locks;
@@ -199,7 +206,7 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
     key: DEMO_KEY,
     ttlMs: o.ttlMs,
     waitMs: Math.min(o.ttlMs + o.pauseMs + 60_000, 2_147_483_647),
-    leaseDb: ctx.leaseDb,
+    leaseUrl: ctx.leaseUrl,
     dataDb: ctx.dataDb,
     docId: DEMO_DOC,
     write: run.writes[role],

@@ -4,7 +4,7 @@
  *
  * - `leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
  * - `leasehold ls [PREFIX] [--url URL] [--json]`
- * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR]`
+ * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]`
  *
  * Every expected failure is one line on stderr (`leasehold: …`) and an exit code from
  * {@link EXIT}; bad arguments add a `usage:` line and exit 64. Set LEASEHOLD_DEBUG=1 to see the
@@ -25,7 +25,7 @@ const USAGE = Object.freeze({
   program: 'leasehold <run|ls|demo> [options]   (leasehold --help)',
   run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
   ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
-  demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR]',
+  demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]',
 });
 
 /** Thrown by commander's exit hook instead of exiting: what it would have exited with, and for which command. */
@@ -144,9 +144,10 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(new Option('--ttl <duration>', 'lease ttl of both workers').default(1_000, '1s').argParser(durationOption('--ttl')))
     .addOption(new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')))
     .option('--dir <dir>', 'keep the lease and data files in DIR (default: a temporary directory, removed afterwards)')
+    .addOption(new Option('--url <url>', 'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)'))
     .action(
-      action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string }) =>
-        runDemo({ ttlMs: opts.ttl, pauseMs: opts.pause, dir: opts.dir }, process.stdout, USAGE.demo),
+      action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string; url?: string }) =>
+        runDemo({ ttlMs: opts.ttl, pauseMs: opts.pause, dir: opts.dir, url: opts.url }, process.stdout, USAGE.demo),
       ),
     );
 

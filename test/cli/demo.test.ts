@@ -120,3 +120,24 @@ describe('leasehold demo', () => {
     expect(demoTempDirs()).toEqual([]);
   });
 });
+
+describe('leasehold demo --url', () => {
+  it('takes its leases from the coordinator named by --url (tokens continue across runs)', async () => {
+    const url = `sqlite:${join(sb.dir, 'shared-locks.db')}`;
+    const first = await runCli(['demo', '--ttl', '300ms', '--pause', '700ms', '--url', url], sb, { timeoutMs: 90_000 });
+    expect(first.code).toBe(0);
+    const second = await runCli(['demo', '--ttl', '300ms', '--pause', '700ms', '--url', url], sb, { timeoutMs: 90_000 });
+    expect(second.code).toBe(0);
+    expect(sections(second.stdout).fenced).toMatch(/A\s+fence\.write\("doc:42", token 7\) -> REFUSED: StaleTokenError/);
+    expect(existsSync(join(sb.dir, 'shared-locks.db'))).toBe(true);
+  });
+
+  it('refuses memory: (one process) and malformed URLs with exit 64, creating nothing', async () => {
+    for (const url of ['memory:', 'nosuch://x']) {
+      const r = await runCli(['demo', '--url', url], sb);
+      expect(r.code).toBe(64);
+      expect(r.stderr).toMatch(/usage: leasehold demo/);
+    }
+    expect(demoTempDirs()).toEqual([]);
+  });
+});
