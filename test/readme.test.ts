@@ -1,6 +1,7 @@
 /** The README stays true: every ```js example runs against the built package, and the error table matches the code. */
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ERROR_CODES } from '../src/index.js';
@@ -9,6 +10,8 @@ import * as errors from '../src/core/errors.js';
 const root = new URL('..', import.meta.url).pathname;
 const readme = readFileSync(join(root, 'README.md'), 'utf8');
 const examples = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+/** Shell examples of the CLI (`npx leasehold …` lines), run with the built bin. */
+const commands = [...readme.matchAll(/```sh\n([\s\S]*?)```/g)].flatMap((m) => m[1]!.split('\n').filter((line) => line.startsWith('npx leasehold ')));
 
 describe('README', () => {
   it('has examples to run', () => {
@@ -23,6 +26,23 @@ describe('README', () => {
       try {
         writeFileSync(join(dir, 'example.mjs'), code);
         const out = execFileSync(process.execPath, ['example.mjs'], { cwd: dir, encoding: 'utf8', env: { ...process.env, LEASEHOLD_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
+        expect(out.length).toBeGreaterThan(0);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+  });
+
+  it('has CLI examples to run', () => {
+    expect(commands.length).toBeGreaterThanOrEqual(1);
+  });
+
+  commands.forEach((line) => {
+    it(`runs: ${line}`, () => {
+      const dir = mkdtempSync(join(tmpdir(), 'leasehold-readme-'));
+      try {
+        const cli = join(root, 'dist', 'cli', 'main.js');
+        const out = execFileSync('sh', ['-c', line.replace(/^npx leasehold /, `"${process.execPath}" "${cli}" `)], { cwd: dir, encoding: 'utf8', env: { ...process.env, LEASEHOLD_URL: '' }, timeout: 60_000 });
         expect(out.length).toBeGreaterThan(0);
       } finally {
         rmSync(dir, { recursive: true, force: true });
