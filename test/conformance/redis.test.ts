@@ -1,0 +1,58 @@
+import { afterAll } from 'vitest';
+import { Redis } from 'ioredis';
+import { redisBackend, redisFence, redlockBackend, type RedisMulti } from '../../src/redis/index.js';
+import { uniqueName } from '../helpers/env.js';
+import { deleteKeys, REDIS_URL, startRedis, stopAll } from '../redis/servers.js';
+import { backendConformance } from './backend.js';
+import { fenceConformance } from './fence.js';
+
+afterAll(stopAll);
+
+backendConformance('redis', async () => {
+  const prefix = `${uniqueName('lhconf')}:`;
+  return {
+    // each client opens its own connections, as separate processes would
+    connect: async () => redisBackend({ url: REDIS_URL, prefix }),
+    prefix: 'conf',
+    ttlMs: 300,
+    cleanup: () => deleteKeys(REDIS_URL, prefix),
+  };
+});
+
+backendConformance('redlock (3 servers; restart = one server restarted empty)', async () => {
+  const servers = await Promise.all([startRedis(), startRedis(), startRedis()]);
+  return {
+    connect: async () => redlockBackend({ urls: servers.map((s) => s.url) }),
+    prefix: 'conf',
+    ttlMs: 300,
+    restart: async () => {
+      await servers[0]!.kill();
+      await servers[0]!.start();
+    },
+    cleanup: async () => {
+      await Promise.all(servers.map((s) => s.kill()));
+    },
+  };
+});
+
+fenceConformance<RedisMulti>('redis', async () => {
+  const ns = `${uniqueName('lhfence')}:`;
+  const client = new Redis(REDIS_URL);
+  const fence = redisFence(client, { prefix: `${ns}mark:` });
+  const counterKey = (r: string): string => `${ns}n:${r}`;
+  const logKey = (r: string): string => `${ns}log:${r}`;
+  return {
+    fence,
+    increment: (tx, r) => tx.incr(counterKey(r)),
+    append: (tx, r, v) => tx.rpush(logKey(r), v),
+    counter: async (r) => Number((await client.get(counterKey(r))) ?? 0),
+    log: async (r) => client.lrange(logKey(r), 0, -1),
+    transactional: true,
+    synchronous: false,
+    cleanup: async () => {
+      await fence.close();
+      await deleteKeys(REDIS_URL, ns);
+      client.disconnect();
+    },
+  };
+});
