@@ -115,3 +115,17 @@ export async function deleteKeys(url: string, prefix: string): Promise<void> {
     client.disconnect();
   }
 }
+
+/** Calls of each command the server has executed (top-level commands and those inside scripts). */
+export async function commandStats(client: Redis): Promise<Record<string, number>> {
+  const info = await client.info('commandstats');
+  const out: Record<string, number> = {};
+  for (const m of info.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out[m[1]!] = Number(m[2]);
+  return out;
+}
+
+export function delta(before: Record<string, number>, after: Record<string, number>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(after)) if (v - (before[k] ?? 0) > 0) out[k] = v - (before[k] ?? 0);
+  return out;
+}

@@ -1,0 +1,182 @@
+/**
+ * Waiting without polling, FIFO hand-off and its cost, against a redis-server of our own (so the
+ * server's command counters are ours alone).
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import type { AcquireRequest, Backend } from '../../src/core/backend.js';
+import { Locks } from '../../src/core/locks.js';
+import type { Lease } from '../../src/core/lease.js';
+import { redisBackend } from '../../src/redis/index.js';
+import { eventually, sleep } from '../helpers/env.js';
+import { commandStats, delta, startRedis, stopAll, type RedisServer } from './servers.js';
+
+let server: RedisServer;
+let admin: Redis;
+const opened: (Locks | Backend)[] = [];
+const locks = (): Locks => {
+  const l = new Locks({ backend: redisBackend({ url: server.url }) });
+  opened.push(l);
+  return l;
+};
+const backend = (): Backend => {
+  const b = redisBackend({ url: server.url });
+  opened.push(b);
+  return b;
+};
+const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
+  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: true, queueTtlMs: 5_000, ...extra,
+});
+
+beforeAll(async () => {
+  server = await startRedis();
+  admin = new Redis(server.url);
+});
+afterAll(async () => {
+  await Promise.allSettled(opened.map((x) => x.close()));
+  admin?.disconnect();
+  await stopAll();
+});
+
+describe('redis waiting', () => {
+  it('a contended critical section costs at most 3 commands: busy (enqueued), grant, release', async () => {
+    const workers = [locks(), locks(), locks(), locks()];
+    // warm up: sessions opened, scripts loaded, wake channels subscribed
+    await Promise.all(workers.map((w, i) => w.withLock(`warm/${i}`, { ttlMs: 10_000 }, () => {})));
+    await Promise.all(workers.map((w) => w.withLock('warm', { ttlMs: 10_000, waitMs: 10_000 }, () => sleep(1))));
+    const before = await commandStats(admin);
+    let sections = 0;
+    let inside = 0;
+    let overlaps = 0;
+    await Promise.all(
+      workers.map(async (w) => {
+        for (let i = 0; i < 15; i++) {
+          await w.withLock('hot', { ttlMs: 10_000, waitMs: 30_000 }, async () => {
+            if (++inside > 1) overlaps++;
+            sections++;
+            await sleep(2);
+            inside--;
+          });
+        }
+      }),
+    );
+    const d = delta(before, await commandStats(admin));
+    const commands = (d.evalsha ?? 0) + (d.eval ?? 0); // every client command is one script call
+    expect(overlaps).toBe(0);
+    expect(sections).toBe(60);
+    expect(commands / sections).toBeLessThanOrEqual(3.2); // a stray fallback re-check is allowed, polling is not
+    expect(d.publish ?? 0).toBeLessThanOrEqual(sections); // one message per hand-off: no herd
+  });
+
+  it('only the head waiter is woken by a release (no herd), then the next on the next release', async () => {
+    const holder = backend();
+    const waiters = [backend(), backend(), backend()];
+    const key = 'herd';
+    const g = await holder.acquire(req(key, 'holder'));
+    if (!g.granted) throw new Error('not granted');
+    const woken: number[] = [];
+    for (let i = 0; i < waiters.length; i++) {
+      const busy = await waiters[i]!.acquire(req(key, `w${i}`));
+      expect(busy.granted).toBe(false);
+      if (busy.granted) return;
+      expect(busy.cursor).toBeDefined();
+      await waiters[i]!.subscribe!(key, () => woken.push(i), busy.cursor);
+    }
+    await holder.release({ key, owner: 'holder', token: g.token, mode: 'exclusive' });
+    expect(await eventually(() => woken.length > 0, 5_000)).toBe(true);
+    await sleep(100);
+    expect(woken).toEqual([0]);
+    // the head takes it; a newcomer cannot barge past w1 and w2
+    const g0 = await waiters[0]!.acquire(req(key, 'w0'));
+    expect(g0.granted).toBe(true);
+    expect((await holder.acquire(req(key, 'newcomer', { queue: false }))).granted).toBe(false);
+    if (!g0.granted) return;
+    await waiters[0]!.release({ key, owner: 'w0', token: g0.token, mode: 'exclusive' });
+    expect(await eventually(() => woken.length > 1, 5_000)).toBe(true);
+    await sleep(100);
+    expect(woken).toEqual([0, 1]);
+  });
+
+  it('a wake-up that arrives before the waiter subscribed is not lost', async () => {
+    const holder = backend();
+    const waiter = backend();
+    const g = await holder.acquire(req('early', 'h'));
+    if (!g.granted) throw new Error('not granted');
+    const busy = await waiter.acquire(req('early', 'w'));
+    if (busy.granted) throw new Error('granted');
+    await holder.release({ key: 'early', owner: 'h', token: g.token, mode: 'exclusive' });
+    await sleep(50); // the message is delivered before anyone listens
+    let fired = false;
+    await waiter.subscribe!('early', () => (fired = true), busy.cursor);
+    expect(await eventually(() => fired, 1_000)).toBe(true);
+  });
+
+  it('a releaser that asks again at once queues behind the waiters (no barging)', async () => {
+    const a = locks();
+    const b = locks();
+    const first = await a.acquire('barge', { ttlMs: 10_000 });
+    const waiting = b.acquire('barge', { ttlMs: 10_000, waitMs: 10_000 });
+    await eventually(async () => (await a.inspect('barge'))[0]?.waiters === 1, 5_000);
+    await first.release();
+    const again = a.acquire('barge', { ttlMs: 10_000, waitMs: 10_000 });
+    const bLease = await waiting;
+    expect(bLease.token).toBeGreaterThan(first.token);
+    await sleep(20);
+    await bLease.release();
+    expect((await again).token).toBeGreaterThan(bLease.token);
+  });
+
+  it('shared waiters at the head are handed the key together; the exclusive one behind them waits', async () => {
+    const owner = locks();
+    const excl = await owner.acquire('mixed', { ttlMs: 10_000 });
+    const granted: string[] = [];
+    const leases: Promise<Lease>[] = [];
+    for (const [name, mode] of [['s1', 'shared'], ['s2', 'shared'], ['e3', 'exclusive']] as const) {
+      const c = locks();
+      leases.push(c.acquire('mixed', { ttlMs: 10_000, waitMs: 20_000, mode }).then((l) => (granted.push(name), l)));
+      await eventually(async () => (await owner.inspect('mixed'))[0]?.waiters === leases.length, 5_000);
+    }
+    await excl.release();
+    expect(await eventually(() => granted.length >= 2, 5_000)).toBe(true);
+    await sleep(100);
+    expect(granted.sort()).toEqual(['s1', 's2']);
+    for (const l of await Promise.all(leases.slice(0, 2))) await l.release();
+    await (await leases[2]!).release();
+    expect(granted).toContain('e3');
+  });
+
+  it('an aborted waiter leaves no trace in Redis', async () => {
+    const a = locks();
+    const b = locks();
+    const held = await a.acquire('gone', { ttlMs: 10_000 });
+    const controller = new AbortController();
+    const waiting = b.acquire('gone', { ttlMs: 1_000, waitMs: 20_000, signal: controller.signal });
+    await eventually(async () => (await admin.zcard('leasehold:{gone}:q')) === 1, 5_000);
+    controller.abort(new Error('no longer needed'));
+    await expect(waiting).rejects.toThrow('no longer needed');
+    expect(await eventually(async () => (await admin.zcard('leasehold:{gone}:q')) === 0, 5_000)).toBe(true);
+    const fields = await admin.hkeys('leasehold:{gone}');
+    expect(fields.filter((f) => f.startsWith('w:'))).toEqual([]);
+    await held.release();
+  });
+
+  it('a waiter that crashed cannot block the key: its place expires', async () => {
+    const a = locks();
+    const crashed = backend();
+    const held = await a.acquire('crashy', { ttlMs: 10_000 });
+    expect((await crashed.acquire(req('crashy', 'ghost', { queueTtlMs: 300 }))).granted).toBe(false);
+    await crashed.close(); // never asks again
+    await held.release();
+    const next = await locks().acquire('crashy', { ttlMs: 1_000, waitMs: 5_000 });
+    expect(next.token).toBeGreaterThan(held.token);
+  });
+
+  it('fair: false waiters poll with backoff and still get the key', async () => {
+    const a = locks();
+    const held = await a.acquire('unfair', { ttlMs: 10_000 });
+    const waiting = locks().acquire('unfair', { ttlMs: 1_000, waitMs: 5_000, fair: false });
+    await sleep(50);
+    await held.release();
+    expect((await waiting).token).toBeGreaterThan(held.token);
+  });
+});
