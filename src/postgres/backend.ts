@@ -76,7 +76,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
 
   /** Whether the acquire function carries our schema version (its comment); NULL when it does not exist. */
   const SCHEMA_CHECK = `SELECT obj_description(to_regproc($1), 'pg_proc') AS version`;
-  const ACQUIRE = `SELECT granted, token::text AS token, holder, retry_in_ms::text AS retry_in_ms, version::text AS version
+  const ACQUIRE = `SELECT granted, token::text AS token, holder, retry_in_ms::text AS retry_in_ms, version::text AS version, seq::text AS seq
     FROM ${n.acquireFn}($1, $2, $3, $4::bigint, $5::bigint, $6, $7::boolean, $8::bigint)`;
   /** Renewal: one UPDATE, only while the holder has not expired by the server's clock (I4, I7). */
   const RENEW = `UPDATE ${n.holders} SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
@@ -191,7 +191,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       const busy: { granted: false; holder?: string; retryInMs?: number; cursor?: unknown } = { granted: false };
       if (typeof r.holder === 'string') busy.holder = r.holder;
       if (typeof r.retry_in_ms === 'string') busy.retryInMs = Number(r.retry_in_ms);
-      if (listener) busy.cursor = r.version as string;
+      if (listener) busy.cursor = { version: r.version as string, seq: typeof r.seq === 'string' ? BigInt(r.seq) : undefined } satisfies Cursor;
       return busy;
     },
 
@@ -242,18 +242,19 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     backend.subscribe = async (key: string, onChange: () => void, cursor?: unknown): Promise<() => void> => {
       if (closed) throw new InvalidArgumentError('backend', 'this postgres backend was closed');
       await init();
+      const c = isCursor(cursor) ? cursor : undefined;
       let off: () => void;
       try {
-        off = await listener.add(key, onChange);
+        off = await listener.add(key, onChange, c?.seq);
       } catch (error) {
         throw mapError('listen', error);
       }
       // No lost wake-ups: LISTEN is active now, so any change after this read will be notified; a
       // change between the busy answer and now shows as a different version.
-      if (typeof cursor === 'string') {
+      if (c) {
         try {
           const { rows } = await pool.query(VERSION, [key]);
-          if ((rows[0]?.version ?? '0') !== cursor) queueMicrotask(onChange);
+          if ((rows[0]?.version ?? '0') !== c.version) queueMicrotask(onChange);
         } catch {
           queueMicrotask(onChange); // could not tell: let core look again
         }
@@ -280,6 +281,16 @@ function clientConfig(connectionString: string): pg.ClientConfig {
     keepAlive: true,
     fallback_application_name: 'leasehold',
   };
+}
+
+/** A busy answer's position: the key's change counter, and the caller's place in the queue (if queued). */
+interface Cursor {
+  readonly version: string;
+  readonly seq: bigint | undefined;
+}
+
+function isCursor(value: unknown): value is Cursor {
+  return typeof value === 'object' && value !== null && typeof (value as Cursor).version === 'string';
 }
 
 function sqlState(error: unknown): string | undefined {

@@ -17,6 +17,11 @@ export interface ListenerOptions {
   channel: string;
 }
 
+interface Subscriber {
+  readonly onChange: () => void;
+  readonly seq: bigint | undefined;
+}
+
 /** How long the connection stays open with nobody waiting (so short waits back to back share it). */
 const IDLE_CLOSE_MS = 10_000;
 /** Reconnection after the connection dropped while someone waits: full backoff from 100 ms up to 2 s. */
@@ -31,7 +36,7 @@ const RECONNECT_CAP_MS = 2_000;
  */
 export class Listener {
   readonly #options: ListenerOptions;
-  readonly #subscribers = new Map<string, Set<() => void>>();
+  readonly #subscribers = new Map<string, Set<Subscriber>>();
   #connection: ListenConnection | undefined;
   #connecting: Promise<ListenConnection> | undefined;
   #idleTimer: ReturnType<typeof setTimeout> | undefined;
@@ -43,18 +48,23 @@ export class Listener {
     this.#options = options;
   }
 
-  /** Resolves once LISTEN is active and `onChange` registered for `key`, with a function that ends it. */
-  async add(key: string, onChange: () => void): Promise<() => void> {
+  /**
+   * Resolves once LISTEN is active and `onChange` registered for `key`, with a function that ends
+   * it. `seq` is the caller's place in the key's queue, if it has one: it is then woken only by
+   * notifications that reach its place (seqs only grow, so an old seq errs towards waking).
+   */
+  async add(key: string, onChange: () => void, seq?: bigint): Promise<() => void> {
     this.#clearIdle();
     await this.#ensure();
     let set = this.#subscribers.get(key);
     if (!set) this.#subscribers.set(key, (set = new Set()));
-    set.add(onChange);
+    const subscriber: Subscriber = { onChange, seq };
+    set.add(subscriber);
     let removed = false;
     return () => {
       if (removed) return;
       removed = true;
-      set.delete(onChange);
+      set.delete(subscriber);
       if (set.size === 0 && this.#subscribers.get(key) === set) this.#subscribers.delete(key);
       if (this.#subscribers.size === 0) this.#armIdle();
     };
@@ -62,7 +72,7 @@ export class Listener {
 
   /** Calls every subscriber (the backend is closing, or notifications may have been missed). */
   wakeAll(): void {
-    for (const set of [...this.#subscribers.values()]) for (const fn of [...set]) fn();
+    for (const set of [...this.#subscribers.values()]) for (const s of [...set]) s.onChange();
   }
 
   async close(): Promise<void> {
@@ -101,8 +111,12 @@ export class Listener {
     connection.on('end', onLoss);
     connection.on('notification', (message) => {
       if (message.channel !== this.#options.channel || message.payload === undefined) return;
-      const set = this.#subscribers.get(message.payload);
-      if (set) for (const fn of [...set]) fn();
+      const colon = message.payload.indexOf(':');
+      const set = this.#subscribers.get(message.payload.slice(colon + 1));
+      if (!set) return;
+      const head = message.payload.slice(0, colon);
+      const upto = /^[0-9]+$/.test(head) ? BigInt(head) : undefined;
+      for (const s of [...set]) if (upto === undefined || s.seq === undefined || s.seq <= upto) s.onChange();
     });
     try {
       await connection.query(`LISTEN ${quotePg(this.#options.channel)}`);

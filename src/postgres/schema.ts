@@ -4,7 +4,7 @@ import { checkKnownOptions, checkObject } from '../core/validate.js';
 import { checkPgIdentifier, quotePg } from './util.js';
 
 /**
- * The lease store's schema, as plain SQL: three tables and four functions in one schema. Every
+ * The lease store's schema, as plain SQL: three tables and five functions in one schema. Every
  * operation of the backend is one statement (a function called by one SELECT, or one UPDATE), so
  * it works through any pooler, including PgBouncer in transaction mode.
  *
@@ -33,13 +33,13 @@ export interface SchemaNames {
   readonly holders: string;
   /** The fair queue: one row per waiting owner, in arrival order (`seq`). */
   readonly waiters: string;
-  readonly purgeFn: string;
+  readonly notifyFn: string;
   readonly acquireFn: string;
   readonly releaseFn: string;
   readonly cancelFn: string;
   /** `to_regproc` argument naming the acquire function (the schema version is its comment). */
   readonly acquireRegproc: string;
-  /** LISTEN/NOTIFY channel of this lease table; the payload of each notification is the key. */
+  /** LISTEN/NOTIFY channel of this lease table; the payload of each notification is `<upto>:<key>` (see the notify function). */
   readonly channel: string;
   /** Advisory-lock name serialising this table's DDL across processes. */
   readonly ddlLock: string;
@@ -61,7 +61,7 @@ export function schemaNames(options: PostgresSchemaOptions | undefined): SchemaN
     keys: q('_keys'),
     holders: q(''),
     waiters: q('_waiters'),
-    purgeFn: q('_purge'),
+    notifyFn: q('_notify'),
     acquireFn: q('_acquire'),
     releaseFn: q('_release'),
     cancelFn: q('_cancel'),
@@ -70,6 +70,24 @@ export function schemaNames(options: PostgresSchemaOptions | undefined): SchemaN
     channel: Buffer.byteLength(plainChannel) <= 63 ? plainChannel : `leasehold:${createHash('sha256').update(`${schema}.${table}`).digest('hex').slice(0, 40)}`,
     ddlLock: `leasehold:${schema}.${table}`,
   };
+}
+
+/**
+ * One statement that removes the key's expired holders (and, in release, the caller's own live
+ * holding: `alsoHolder`) and expired queue places. Sets v_removed (rows gone), v_purged_delay (the
+ * end of the lock-delay the expired holders start, I8) and v_released (the caller's live holding
+ * went). The caller holds the key's row lock and has set v_now.
+ */
+function purge(n: SchemaNames, alsoHolder: string): string {
+  return `WITH gone AS (
+      DELETE FROM ${n.holders} h WHERE h.key = p_key AND (h.expires_at <= v_now ${alsoHolder})
+      RETURNING h.expires_at > v_now AS live, h.expires_at + h.lock_delay_ms * interval '1 millisecond' AS until, h.lock_delay_ms
+    ), gone_waiters AS (
+      DELETE FROM ${n.waiters} w WHERE w.key = p_key AND w.expires_at <= v_now RETURNING 1
+    )
+    SELECT count(*) + (SELECT count(*) FROM gone_waiters), max(gone.until) FILTER (WHERE NOT gone.live AND gone.lock_delay_ms > 0),
+           coalesce(bool_or(gone.live), false)
+      INTO v_removed, v_purged_delay${alsoHolder ? ', v_released' : ''} FROM gone;`;
 }
 
 /** A string literal for DDL (the channel name is baked into the functions). */
@@ -83,7 +101,6 @@ function literal(value: string): string {
  * do not race in the catalog.
  */
 export function schemaStatements(n: SchemaNames): string[] {
-  const notify = `PERFORM pg_notify(${literal(n.channel)}, p_key);`;
   return [
     `CREATE SCHEMA IF NOT EXISTS ${quotePg(n.schema)}`,
 
@@ -115,139 +132,164 @@ export function schemaStatements(n: SchemaNames): string[] {
   PRIMARY KEY (key, owner)
 )`,
 
-    // Removes the key's expired holders and expired queue places. Returns how many rows went and the
-    // end of the lock-delay that the expired holders start (I8). The caller holds the key row lock.
-    `CREATE OR REPLACE FUNCTION ${n.purgeFn}(p_key text, p_now timestamptz, OUT removed integer, OUT delay_until timestamptz)
+    // Tells the key's waiters that it may have become free. The payload is `<upto>:<key>`: only
+    // queued waiters with seq <= upto could be granted now (the exclusive head of the queue, or the
+    // run of shared waiters at its head), so the others are not woken for nothing; `*` (nobody
+    // queued) wakes every subscriber of the key.
+    `CREATE OR REPLACE FUNCTION ${n.notifyFn}(p_key text)
+RETURNS void
 LANGUAGE plpgsql AS $fn$
-DECLARE
-  v_waiters integer;
 BEGIN
-  WITH gone AS (
-    DELETE FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at <= p_now
-    RETURNING h.expires_at + h.lock_delay_ms * interval '1 millisecond' AS until, h.lock_delay_ms
-  )
-  SELECT count(*)::integer, max(gone.until) FILTER (WHERE gone.lock_delay_ms > 0) INTO removed, delay_until FROM gone;
-  WITH gone AS (DELETE FROM ${n.waiters} w WHERE w.key = p_key AND w.expires_at <= p_now RETURNING 1)
-  SELECT count(*)::integer INTO v_waiters FROM gone;
-  removed := removed + v_waiters;
+  -- PL/pgSQL rather than SQL: its plan is cached per connection (a SQL function is planned on every call).
+  PERFORM pg_notify(${literal(n.channel)}, coalesce((
+    SELECT CASE WHEN head.mode = 'exclusive' THEN head.seq
+      ELSE coalesce((SELECT min(w.seq) - 1 FROM ${n.waiters} w
+                     WHERE w.key = p_key AND w.expires_at > clock_timestamp() AND w.mode = 'exclusive' AND w.seq > head.seq),
+                    9223372036854775807) END::text
+    FROM (SELECT w.seq, w.mode FROM ${n.waiters} w
+          WHERE w.key = p_key AND w.expires_at > clock_timestamp() ORDER BY w.seq LIMIT 1) head
+  ), '*') || ':' || p_key);
 END
 $fn$`,
 
-    // The whole grant in one call: lock the key's row (created on first use), purge, check
-    // compatibility, lock-delay and the queue, then either raise the token and insert the holder in
-    // the same transaction (I1, I2), or refresh the caller's place in the queue and say when to retry.
-    // Expiry instants come from this server's clock only (I7); the client sends durations.
+    // The whole grant in one call. A busy answer that changes nothing (a live incompatible holder,
+    // the caller's queue place still fresh) is read from one snapshot without locking or writing.
+    // Otherwise: lock the key's row (created on first use), purge expired holders (starting their
+    // lock-delay, I8) and queue places, check compatibility, lock-delay and the queue, then either
+    // raise the token and insert the holder in the same transaction (I1, I2), or refresh the
+    // caller's place in the queue and say when to retry. Expiry instants come from this server's
+    // clock only (I7); the client sends durations.
     `CREATE OR REPLACE FUNCTION ${n.acquireFn}(
   p_key text, p_owner text, p_mode text, p_ttl_ms bigint, p_lock_delay_ms bigint, p_holder text,
   p_queue boolean, p_queue_ttl_ms bigint
-) RETURNS TABLE (granted boolean, token bigint, holder text, retry_in_ms bigint, version bigint)
+) RETURNS TABLE (granted boolean, token bigint, holder text, retry_in_ms bigint, version bigint, seq bigint)
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
 DECLARE
-  v_now timestamptz;
-  v_key record;
-  v_purge record;
+  v_now timestamptz := clock_timestamp();
   v_delay timestamptz;
-  v_changed boolean;
-  v_token bigint;
   v_version bigint;
-  v_my_seq bigint;
-  v_free boolean;
-  v_clear boolean;
-  v_soonest timestamptz;
+  v_removed bigint;
+  v_purged_delay timestamptz;
+  v_token bigint;
+  v_conflict boolean;
   v_holder text;
+  v_first_expiry timestamptz;
+  v_my_seq bigint;
+  v_blocked boolean;
+  v_changed boolean;
+  v_live_delay timestamptz;
+  v_soonest timestamptz;
 BEGIN
-  INSERT INTO ${n.keys} AS k (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
-  SELECT k.last_token, k.delay_until, k.version INTO v_key FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
-  v_now := clock_timestamp();
-  SELECT * INTO v_purge FROM ${n.purgeFn}(p_key, v_now);
-  v_delay := greatest(v_key.delay_until, v_purge.delay_until);
-  v_changed := v_purge.removed > 0;
+  -- Fast path: busy, nothing to purge, nothing to refresh (one statement, one snapshot, no write).
+  SELECT k.version, k.delay_until, w.seq,
+         (SELECT h.holder FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now ORDER BY h.token LIMIT 1),
+         (SELECT min(h.expires_at) FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now)
+    INTO v_version, v_delay, v_my_seq, v_holder, v_first_expiry
+    FROM ${n.keys} k LEFT JOIN ${n.waiters} w ON w.key = k.key AND w.owner = p_owner
+    WHERE k.key = p_key
+      AND EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now
+                  AND (p_mode = 'exclusive' OR h.mode = 'exclusive'))
+      AND NOT EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.owner = p_owner)
+      AND (NOT p_queue OR w.expires_at > v_now + p_queue_ttl_ms * interval '1 millisecond' * 2 / 3);
 
-  -- The same owner asking again (a retried request whose answer was lost) gets its own grant back.
-  SELECT h.token INTO v_token FROM ${n.holders} h WHERE h.key = p_key AND h.owner = p_owner;
-  IF FOUND THEN
-    IF v_changed THEN
-      UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key;
-      ${notify}
+  IF NOT FOUND THEN
+    SELECT k.delay_until, k.version INTO v_delay, v_version FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+      INSERT INTO ${n.keys} (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+      SELECT k.delay_until, k.version INTO v_delay, v_version FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
     END IF;
-    RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint;
-    RETURN;
-  END IF;
+    v_now := clock_timestamp();
+    ${purge(n, '')}
+    v_delay := greatest(v_delay, v_purged_delay);
+    v_changed := v_removed > 0;
 
-  v_free := (v_delay IS NULL OR v_delay <= v_now) AND NOT EXISTS (
-    SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND (p_mode = 'exclusive' OR h.mode = 'exclusive'));
-  IF p_queue THEN
-    -- A queued request goes when everyone ahead of it could go with it (shared behind shared).
-    SELECT w.seq INTO v_my_seq FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner;
-    v_clear := NOT EXISTS (
-      SELECT 1 FROM ${n.waiters} w
-      WHERE w.key = p_key AND (v_my_seq IS NULL OR w.seq < v_my_seq) AND w.owner <> p_owner
-        AND (p_mode = 'exclusive' OR w.mode = 'exclusive'));
-  ELSE
-    -- A request that will not wait (tryAcquire) never barges past waiters.
-    v_clear := NOT EXISTS (SELECT 1 FROM ${n.waiters} w WHERE w.key = p_key);
-  END IF;
+    -- The holders left are live: is the caller one of them (a retried request whose answer was
+    -- lost gets its own grant back), does anyone conflict, who holds, when does the first expire.
+    SELECT max(h.token) FILTER (WHERE h.owner = p_owner), coalesce(bool_or(p_mode = 'exclusive' OR h.mode = 'exclusive'), false),
+           (array_agg(h.holder ORDER BY h.token))[1], min(h.expires_at)
+      INTO v_token, v_conflict, v_holder, v_first_expiry
+      FROM ${n.holders} h WHERE h.key = p_key;
+    IF v_token IS NOT NULL THEN
+      IF v_changed THEN
+        UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key;
+        PERFORM ${n.notifyFn}(p_key);
+      END IF;
+      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
+      RETURN;
+    END IF;
 
-  IF v_free AND v_clear THEN
+    -- A queued request goes when everyone ahead of it could go with it (shared behind shared); a
+    -- request that will not wait (tryAcquire) never barges past waiters.
+    SELECT me.seq, EXISTS (
+        SELECT 1 FROM ${n.waiters} w
+        WHERE w.key = p_key AND w.owner <> p_owner AND (me.seq IS NULL OR w.seq < me.seq)
+          AND (NOT p_queue OR p_mode = 'exclusive' OR w.mode = 'exclusive'))
+      INTO v_my_seq, v_blocked
+      FROM (SELECT (SELECT w.seq FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner) AS seq) me;
+
+    IF NOT v_conflict AND NOT v_blocked AND (v_delay IS NULL OR v_delay <= v_now) THEN
+      IF v_my_seq IS NOT NULL THEN
+        DELETE FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner;
+        v_changed := true;
+      END IF;
+      -- After an exclusive grant nobody else can go: waiters hear only of shared grants (the next
+      -- shared waiter may join), and the version moves only when they hear.
+      v_changed := v_changed AND p_mode = 'shared';
+      UPDATE ${n.keys} k
+        SET last_token = k.last_token + 1, delay_until = v_delay,
+            version = k.version + CASE WHEN v_changed THEN 1 ELSE 0 END
+        WHERE k.key = p_key
+        RETURNING k.last_token INTO v_token;
+      INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms)
+        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + p_ttl_ms * interval '1 millisecond', p_lock_delay_ms);
+      IF v_changed THEN
+        PERFORM ${n.notifyFn}(p_key);
+      END IF;
+      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
+      RETURN;
+    END IF;
+
     IF p_queue THEN
-      DELETE FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner;
-      -- The next waiter may now be at the head of the queue (shared behind shared).
-      v_changed := v_changed OR FOUND;
+      INSERT INTO ${n.waiters} AS w (key, owner, mode, expires_at)
+        VALUES (p_key, p_owner, p_mode, v_now + p_queue_ttl_ms * interval '1 millisecond')
+        ON CONFLICT (key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at
+        RETURNING w.seq INTO v_my_seq;
     END IF;
-    UPDATE ${n.keys} k
-      SET last_token = k.last_token + 1, delay_until = v_delay,
-          version = k.version + CASE WHEN v_changed THEN 1 ELSE 0 END
-      WHERE k.key = p_key
-      RETURNING k.last_token INTO v_token;
-    INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms)
-      VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + p_ttl_ms * interval '1 millisecond', p_lock_delay_ms);
     IF v_changed THEN
-      ${notify}
+      UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key RETURNING k.version INTO v_version;
+      PERFORM ${n.notifyFn}(p_key);
     END IF;
-    RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint;
-    RETURN;
   END IF;
 
-  IF p_queue THEN
-    INSERT INTO ${n.waiters} AS w (key, owner, mode, expires_at)
-      VALUES (p_key, p_owner, p_mode, v_now + p_queue_ttl_ms * interval '1 millisecond')
-      ON CONFLICT (key, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-  END IF;
-  IF v_changed THEN
-    UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key RETURNING k.version INTO v_version;
-    ${notify}
-  ELSE
-    v_version := v_key.version;
-  END IF;
-  SELECT h.holder INTO v_holder FROM ${n.holders} h WHERE h.key = p_key ORDER BY h.token LIMIT 1;
-  -- When the key could become free by itself: the first holder's expiry, or the end of the lock-delay.
-  SELECT least(CASE WHEN v_delay > v_now THEN v_delay END, min(greatest(h.expires_at, v_delay)))
-    INTO v_soonest FROM ${n.holders} h WHERE h.key = p_key;
+  -- Busy: when the key could become free by itself (the first holder's expiry, or the end of the lock-delay).
+  v_live_delay := CASE WHEN v_delay > v_now THEN v_delay END;
+  v_soonest := CASE WHEN v_first_expiry IS NULL THEN v_live_delay ELSE greatest(v_first_expiry, v_live_delay) END;
   RETURN QUERY SELECT false, NULL::bigint, v_holder,
     CASE WHEN v_soonest IS NULL THEN NULL ELSE greatest(0, ceil(extract(epoch FROM v_soonest - v_now) * 1000))::bigint END,
-    v_version;
+    v_version, CASE WHEN p_queue THEN v_my_seq END;
 END
 $fn$`,
 
-    // Release by owner and token (I4). Expired holders are purged first, so a holder that expired
-    // before its release starts its lock-delay (I8) instead of being "released".
+    // Release by owner and token (I4), in the statement that purges: a holder that expired before
+    // its release is purged (its lock-delay starts, I8), not "released".
     `CREATE OR REPLACE FUNCTION ${n.releaseFn}(p_key text, p_owner text, p_token bigint)
 RETURNS boolean
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
 DECLARE
-  v_purge record;
+  v_now timestamptz;
+  v_removed bigint;
+  v_purged_delay timestamptz;
   v_released boolean;
 BEGIN
   PERFORM 1 FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  SELECT * INTO v_purge FROM ${n.purgeFn}(p_key, clock_timestamp());
-  DELETE FROM ${n.holders} h WHERE h.key = p_key AND h.owner = p_owner AND h.token = p_token;
-  v_released := FOUND;
-  IF v_released OR v_purge.removed > 0 THEN
-    UPDATE ${n.keys} k SET delay_until = greatest(k.delay_until, v_purge.delay_until), version = k.version + 1 WHERE k.key = p_key;
-    ${notify}
+  v_now := clock_timestamp();
+  ${purge(n, 'OR (h.owner = p_owner AND h.token = p_token)')}
+  IF v_removed > 0 THEN
+    UPDATE ${n.keys} k SET delay_until = greatest(k.delay_until, v_purged_delay), version = k.version + 1 WHERE k.key = p_key;
+    PERFORM ${n.notifyFn}(p_key);
   END IF;
   RETURN v_released;
 END
@@ -258,19 +300,23 @@ $fn$`,
 RETURNS boolean
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
 DECLARE
-  v_purge record;
+  v_now timestamptz;
+  v_removed bigint;
+  v_purged_delay timestamptz;
+  v_released boolean;
   v_left boolean;
 BEGIN
   PERFORM 1 FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  SELECT * INTO v_purge FROM ${n.purgeFn}(p_key, clock_timestamp());
+  v_now := clock_timestamp();
   DELETE FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner;
   v_left := FOUND;
-  IF v_left OR v_purge.removed > 0 THEN
-    UPDATE ${n.keys} k SET delay_until = greatest(k.delay_until, v_purge.delay_until), version = k.version + 1 WHERE k.key = p_key;
-    ${notify}
+  ${purge(n, '')}
+  IF v_left OR v_removed > 0 THEN
+    UPDATE ${n.keys} k SET delay_until = greatest(k.delay_until, v_purged_delay), version = k.version + 1 WHERE k.key = p_key;
+    PERFORM ${n.notifyFn}(p_key);
   END IF;
   RETURN v_left;
 END
@@ -284,7 +330,7 @@ $fn$`,
  * The DDL of the lease store for `{ schema, table }`, for users who manage schemas themselves: run
  * it once (it is idempotent) with a role that may create tables and functions, then give the
  * backend `createSchema: false`. The backend's own role then needs only SELECT, INSERT, UPDATE and
- * DELETE on the three tables and EXECUTE on the four functions.
+ * DELETE on the three tables and EXECUTE on the functions.
  */
 export function postgresSchemaSql(options?: PostgresSchemaOptions): string {
   const o = checkObject(options, 'options');

@@ -195,12 +195,36 @@ describe('postgres backend', () => {
     if (!grant.granted) throw new Error('expected a grant');
     const busy = await b.acquire(request('cursor', 'waiter'));
     if (busy.granted) throw new Error('expected busy');
-    expect(typeof busy.cursor).toBe('string');
+    expect(busy.cursor).toBeDefined();
     await a.release({ key: 'cursor', owner: 'holder', token: grant.token, mode: 'exclusive' });
     let woken = 0;
     const off = await b.subscribe!('cursor', () => woken++, busy.cursor);
     expect(await eventually(() => woken > 0, 1_000)).toBe(true);
     off();
+  });
+
+  it('a release wakes only the waiters that could be granted: the exclusive head, or the run of shared waiters', async () => {
+    const holderBackend = track(postgresBackend({ connectionString: PG_URL, schema }));
+    const waiterBackend = track(postgresBackend({ connectionString: PG_URL, schema }));
+    for (const [label, modes, expected] of [
+      ['targeted-x', ['exclusive', 'exclusive', 'shared'], [1, 0, 0]],
+      ['targeted-s', ['shared', 'shared', 'exclusive', 'shared'], [1, 1, 0, 0]],
+    ] as const) {
+      const grant = await holderBackend.acquire(request(label, 'holder'));
+      if (!grant.granted) throw new Error('expected a grant');
+      const woken = modes.map(() => 0);
+      const offs: (() => void)[] = [];
+      for (const [i, mode] of modes.entries()) {
+        const busy = await waiterBackend.acquire(request(label, `waiter-${i}`, { mode, queue: true, queueTtlMs: 10_000 }));
+        if (busy.granted) throw new Error('expected busy');
+        offs.push(await waiterBackend.subscribe!(label, () => woken[i]!++, busy.cursor));
+      }
+      await holderBackend.release({ key: label, owner: 'holder', token: grant.token, mode: 'exclusive' });
+      expect(await eventually(() => woken[0]! > 0, 5_000)).toBe(true);
+      await sleep(100); // any wrongly addressed notification would have arrived by now
+      expect(woken.map((n) => Math.min(n, 1))).toEqual(expected);
+      for (const off of offs) off();
+    }
   });
 
   it('LISTEN works on a client checked out of a given pool, and waiters are served', async () => {
