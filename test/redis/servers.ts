@@ -3,7 +3,10 @@
  * or run several). Each is started without persistence; `stopAll` in afterAll kills what is left.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { sleep } from '../helpers/env.js';
 
@@ -49,12 +52,21 @@ async function ping(port: number): Promise<boolean> {
   }
 }
 
-/** Starts a redis-server with no persistence (`--save "" --appendonly no`) on a free port. */
+const dirs: string[] = [];
+
+/**
+ * Starts a redis-server with no persistence (`--save "" --appendonly no`) on a free port, in a
+ * directory of its own that is emptied before every start: a replica's full sync writes an RDB
+ * file there, and a server would load it at start-up (not empty any more).
+ */
 export async function startRedis(extraArgs: string[] = []): Promise<RedisServer> {
   const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), 'leasehold-redis-'));
+  dirs.push(dir);
   let child: ChildProcess | undefined;
   const start = async (): Promise<void> => {
-    const p = spawn(SERVER_BIN, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--logfile', '', '--loglevel', 'warning', ...extraArgs], { stdio: 'ignore' });
+    rmSync(join(dir, 'dump.rdb'), { force: true });
+    const p = spawn(SERVER_BIN, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--logfile', '', '--loglevel', 'warning', ...extraArgs], { stdio: 'ignore', cwd: dir });
     child = p;
     running.add(p);
     p.on('exit', () => running.delete(p));
@@ -83,7 +95,7 @@ export async function startRedis(extraArgs: string[] = []): Promise<RedisServer>
   };
 }
 
-/** Kills every server these tests started (afterAll, and on failure). */
+/** Kills every server these tests started (afterAll, and on failure) and removes their directories. */
 export async function stopAll(): Promise<void> {
   await Promise.all(
     [...running].map(async (p) => {
@@ -94,6 +106,7 @@ export async function stopAll(): Promise<void> {
       await exited;
     }),
   );
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 }
 
 process.once('exit', () => {
