@@ -266,7 +266,8 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
 
   const releaseAll = async (req: ReleaseRequest): Promise<number> => {
     const keys = keysOf(req.key);
-    const outcomes = await gather(n, (i) => on(i, 'release', NODE_RELEASE, keys, [req.owner, req.token.toString(), retain]), () => false);
+    // Sent to every server; answered once a majority has (a hung server is not waited for).
+    const outcomes = await gather(n, (i) => on(i, 'release', NODE_RELEASE, keys, [req.owner, req.token.toString(), retain]), (xs) => xs.filter((x) => x.ok).length >= quorum);
     return outcomes.filter((x) => x.ok).length;
   };
 
