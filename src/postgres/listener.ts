@@ -17,6 +17,13 @@ export interface ListenerOptions {
   channel: string;
 }
 
+/** The pid in the answer to `SELECT pg_backend_pid() AS pid`, alone or last of a multi-statement query. */
+function backendPid(result: unknown): number | undefined {
+  const last = Array.isArray(result) ? result[result.length - 1] : result;
+  const pid = (last as { rows?: { pid?: unknown }[] } | undefined)?.rows?.[0]?.pid;
+  return typeof pid === 'number' ? pid : undefined;
+}
+
 interface Subscriber {
   readonly onChange: () => void;
   readonly seq: bigint | undefined;
@@ -43,6 +50,11 @@ export class Listener {
   #reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   #reconnectAttempt = 0;
   #closed = false;
+  /** Server process that executed LISTEN; a different one answering later means a transaction pooler sits in between. */
+  #listenPid: number | undefined;
+  #verifying = false;
+  /** Set once LISTEN was seen not to stick (PgBouncer in transaction mode): from then on `add` rejects and core polls. */
+  #pooled = false;
 
   constructor(options: ListenerOptions) {
     this.#options = options;
@@ -60,6 +72,7 @@ export class Listener {
     if (!set) this.#subscribers.set(key, (set = new Set()));
     const subscriber: Subscriber = { onChange, seq };
     set.add(subscriber);
+    this.#verify();
     let removed = false;
     return () => {
       if (removed) return;
@@ -91,6 +104,9 @@ export class Listener {
 
   #ensure(): Promise<ListenConnection> {
     if (this.#closed) return Promise.reject(new Error('listener closed'));
+    if (this.#pooled) {
+      return Promise.reject(new Error('LISTEN does not stay on this connection (a transaction-mode pooler such as PgBouncer?); give listenConnectionString pointing at PostgreSQL itself'));
+    }
     if (this.#connection) return Promise.resolve(this.#connection);
     this.#connecting ??= this.#open().finally(() => {
       this.#connecting = undefined;
@@ -119,7 +135,9 @@ export class Listener {
       for (const s of [...set]) if (upto === undefined || s.seq === undefined || s.seq <= upto) s.onChange();
     });
     try {
-      await connection.query(`LISTEN ${quotePg(this.#options.channel)}`);
+      // One simple query, so a pooler runs both on the same server connection.
+      const results = await connection.query(`LISTEN ${quotePg(this.#options.channel)}; SELECT pg_backend_pid() AS pid`);
+      this.#listenPid = backendPid(results);
     } catch (error) {
       failed = true;
       await this.#drop(connection, true);
@@ -133,6 +151,33 @@ export class Listener {
     this.#reconnectAttempt = 0;
     if (this.#subscribers.size === 0) this.#armIdle();
     return connection;
+  }
+
+  /**
+   * Asks the LISTEN connection which server process answers. Behind PgBouncer in transaction mode
+   * LISTEN stays on whichever server connection ran it, and notifications are lost: as soon as
+   * another process answers, stop listening (subscribers re-check, later waits poll with backoff,
+   * which beats waiting for the fallback poll). A heuristic: an idle pooler may keep handing out
+   * the same server connection, and then waiters rely on core's fallback poll.
+   */
+  #verify(): void {
+    const connection = this.#connection;
+    if (this.#verifying || !connection || this.#listenPid === undefined) return;
+    this.#verifying = true;
+    connection
+      .query('SELECT pg_backend_pid() AS pid')
+      .then((result) => {
+        const pid = backendPid(result);
+        if (pid === undefined || pid === this.#listenPid || this.#connection !== connection) return;
+        this.#pooled = true;
+        this.#connection = undefined;
+        void this.#drop(connection, false);
+        this.wakeAll();
+      })
+      .catch(() => {}) // a broken connection is handled by its 'error'/'end' listeners
+      .finally(() => {
+        this.#verifying = false;
+      });
   }
 
   #lost(connection: ListenConnection): void {
