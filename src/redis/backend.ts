@@ -117,7 +117,7 @@ local function clear_ahead(mk, qk, owner, mode, queued, now)
   local start = 0
   while true do
     local batch = redis.call('ZRANGE', qk, start, start + 31)
-    if #batch == 0 then return true end
+    if #batch == 0 then return true, start == 0 end
     local kept = 0
     for _, o in ipairs(batch) do
       if o == owner then return true end
@@ -139,17 +139,17 @@ local function compatible(live, mode)
   return true
 end
 local function wake_head(mk, qk, live, d, now)
-  if d > now then return end
   local w = head(mk, qk, now)
-  if w and w.wake ~= '' and compatible(live, w.mode) then redis.call('PUBLISH', w.ch, w.wake) end
+  if w and d <= now and w.wake ~= '' and compatible(live, w.mode) then redis.call('PUBLISH', w.ch, w.wake) end
+  return w == nil
 end
-local function gc(mk, hk, qk, live, d, now, retain)
+local function gc(mk, hk, qk, live, d, now, retain, queue_empty)
   local horizon = now
   for _, h in ipairs(live) do
     if h.ses ~= '' then
       redis.call('PERSIST', hk)
       redis.call('PERSIST', mk)
-      redis.call('PERSIST', qk)
+      if not queue_empty then redis.call('PERSIST', qk) end
       return
     end
     if h.exp + h.ld > horizon then horizon = h.exp + h.ld end
@@ -157,7 +157,7 @@ local function gc(mk, hk, qk, live, d, now, retain)
   if #live > 0 then redis.call('PEXPIREAT', hk, num(horizon)) end
   if d > horizon then horizon = d end
   redis.call('PEXPIREAT', mk, num(horizon + retain))
-  redis.call('PEXPIREAT', qk, num(horizon + retain))
+  if not queue_empty then redis.call('PEXPIREAT', qk, num(horizon + retain)) end
 end
 local function extend_at(key, at, now)
   local p = redis.call('PTTL', key)
@@ -197,7 +197,9 @@ for _, h in ipairs(live) do
     return {'G', h.tok}
   end
 end
-if compatible(live, mode) and now >= d and clear_ahead(mk, qk, owner, mode, queued, now) then
+local clear, queue_empty = false, false
+if compatible(live, mode) and now >= d then clear, queue_empty = clear_ahead(mk, qk, owner, mode, queued, now) end
+if clear then
   local t = tonumber(meta[1] or '0') + 1
   if now_us > t then t = now_us end
   local h = { owner = owner, mode = mode, tok = num(t), exp = 0, ld = ld, ses = ses, label = label }
@@ -210,11 +212,11 @@ if compatible(live, mode) and now >= d and clear_ahead(mk, qk, owner, mode, queu
   end
   redis.call('HSET', hk, owner, holder_record(h))
   live[#live + 1] = h
-  if queued and redis.call('ZREM', qk, owner) == 1 then
+  if queued and not queue_empty and redis.call('ZREM', qk, owner) == 1 then
     redis.call('HDEL', mk, 'w:' .. owner)
-    if mode == 's' then wake_head(mk, qk, live, d, now) end
+    if mode == 's' then queue_empty = wake_head(mk, qk, live, d, now) end
   end
-  gc(mk, hk, qk, live, d, now, retain)
+  gc(mk, hk, qk, live, d, now, retain, queue_empty)
   return {'G', h.tok}
 end
 if queued then
@@ -260,9 +262,11 @@ if h then
     released = 1
   end
 end
-local live, d = purge(mk, hk, sp, now, tonumber(redis.call('HGET', mk, 'd') or '0'))
-wake_head(mk, qk, live, d, now)
-gc(mk, hk, qk, live, d, now, retain)
+local d = tonumber(redis.call('HGET', mk, 'd') or '0')
+local live = {}
+if released == 0 or redis.call('EXISTS', hk) == 1 then live, d = purge(mk, hk, sp, now, d) end
+local queue_empty = wake_head(mk, qk, live, d, now)
+gc(mk, hk, qk, live, d, now, retain, queue_empty)
 return released
 `);
 
