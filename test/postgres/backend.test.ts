@@ -113,10 +113,17 @@ describe('postgres backend', () => {
 
     for (const createSchema of [false, true]) {
       // with the schema at the current version, even createSchema: true runs no DDL
-      const locks = track(new Locks({ backend: postgresBackend({ connectionString: url.toString(), schema: migrated, table: 'app_locks', createSchema }) }));
+      const connect = () => postgresBackend({ connectionString: url.toString(), schema: migrated, table: 'app_locks', createSchema });
+      const locks = track(new Locks({ backend: connect() }));
+      const other = track(new Locks({ backend: connect() }));
       const lease = await locks.acquire(`migrated:${createSchema}`, { ttlMs: 2_000 });
       expect(lease.token).toBe(1n);
+      // a waiter queues, listens, and is served: every function runs under the restricted role
+      const waiting = other.acquire(`migrated:${createSchema}`, { ttlMs: 2_000, waitMs: 5_000 });
+      await eventually(async () => (await locks.inspect(`migrated:${createSchema}`))[0]?.waiters === 1, 5_000);
       await lease.release();
+      expect((await waiting).token).toBe(2n);
+      expect(await other.tryAcquire(`migrated:${createSchema}`, { ttlMs: 1_000 })).toBeNull();
     }
 
     const missing = track(postgresBackend({ connectionString: PG_URL, schema: freshSchema(), createSchema: false }));
