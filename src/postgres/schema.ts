@@ -4,12 +4,13 @@ import { checkKnownOptions, checkObject } from '../core/validate.js';
 import { checkPgIdentifier, quotePg } from './util.js';
 
 /**
- * The lease store's schema, as plain SQL: three tables and five functions in one schema. Every
+ * The lease store's schema, as plain SQL: three tables and four functions in one schema. Every
  * operation of the backend is one statement (a function called by one SELECT, or one UPDATE), so
  * it works through any pooler, including PgBouncer in transaction mode.
  *
  * Bump SCHEMA_VERSION whenever the DDL below changes; the backend compares it with the comment on
- * the acquire function to decide whether its DDL has to run.
+ * the acquire function to decide whether its DDL has to run. (A function whose result columns
+ * change needs a DROP FUNCTION first: CREATE OR REPLACE cannot change them.)
  */
 export const SCHEMA_VERSION = 'leasehold-locks/1';
 
