@@ -1,7 +1,2 @@
-// Placeholder until the etcd backend lands (issue 4); replaced by the real module.
-import type { Backend } from '../core/backend.js';
-import { InvalidArgumentError } from '../core/errors.js';
-
-export function etcdBackend(_options: { hosts?: string[]; client?: unknown }): Backend {
-  throw new InvalidArgumentError('backend', 'the etcd backend is not built yet');
-}
+export { etcdBackend, ETCD_DEFAULTS, type EtcdBackendOptions } from './backend.js';
+export type { EtcdClient } from './rpc.js';

@@ -1,0 +1,762 @@
+import { Etcd3, EtcdLeaseInvalidError, type IKeyValue, type ICompare, type IRequestOp } from 'etcd3';
+import type {
+  AcquireRequest, AcquireResult, Backend, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
+} from '../core/backend.js';
+import { InvalidArgumentError } from '../core/errors.js';
+import { checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
+import { KeyLayout, decodePart, encodePart, parseKey, rangeEnd } from './keys.js';
+import {
+  cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, readKvs, revoke, type EtcdClient,
+} from './rpc.js';
+import { Wake, type WatchTarget } from './wake.js';
+
+export interface EtcdBackendOptions {
+  /** etcd client URLs (`http://h1:2379`, …), every member: requests fail over between them. Give this or `client`. */
+  hosts?: string | readonly string[];
+  /** An `Etcd3` client you already have (a root client, not a namespace: use `prefix`); never closed by `close()`. */
+  client?: EtcdClient;
+  /** Every key the backend writes starts with this. @default 'leasehold/' */
+  prefix?: string;
+  /**
+   * Deadline of each etcd request. A request to a member that is down or has lost its leader fails
+   * after this long and is retried on another member (the etcd3 client's retry policy). @default 2000
+   */
+  requestTimeoutMs?: number;
+  /**
+   * The server's smallest lease ttl: etcd raises shorter ones to 1.5 × its election timeout,
+   * rounded up to whole seconds (2 s with the default 1 s election timeout). Tell the backend when
+   * your cluster runs with other timings. Ttls are whole seconds either way; the effective ttl is
+   * reported in `lease.ttlMs`. @default 2000
+   */
+  minTtlMs?: number;
+}
+
+/** Defaults, each with its reason. */
+export const ETCD_DEFAULTS = Object.freeze({
+  /** One directory for everything leasehold writes, easy to find with `etcdctl get --prefix leasehold/`. */
+  prefix: 'leasehold/',
+  /** 2 s: longer than an etcd leader election with default timings (1 s), well inside core's 5 s operation timeout. */
+  requestTimeoutMs: 2_000,
+  /** 2 s: etcd's minimum lease with its default 100 ms heartbeat and 1 s election timeout. */
+  minTtlMs: 2_000,
+});
+
+/**
+ * Rounds of "try the grant, else read" one acquire call makes before it answers busy. Each lost
+ * round means the key's queue changed under us; the waiter's watch and core's re-check pick it up.
+ */
+const MAX_ROUNDS = 4;
+/**
+ * A shared grant next to shared holders that have lock-delay markers checks each of their entries
+ * in its transaction; past this many it waits (etcd allows 128 operations per transaction).
+ */
+const MAX_DELAY_GUARDS = 64;
+/** A queued request nobody asked about for this long is forgotten and its leases revoked (core asks every ~0.5 s). */
+const PENDING_FORGET_MS = 30_000;
+/** Extra second on lock-delay leases: covers the gap between refreshing a delay lease and its lock's lease (see `sessions`). */
+const DELAY_MARGIN_S = 1;
+
+/** A request in a key's queue, as read from etcd. */
+interface Entry {
+  readonly key: string;
+  readonly encOwner: string;
+  readonly mode: LockMode;
+  /** Create revision: place in the queue, and the token once granted. */
+  readonly rev: bigint;
+  readonly lease: string;
+  readonly granted: boolean;
+  readonly holder: string;
+  /** The entry's lease belongs to this lock alone (no session): release revokes it. */
+  readonly ownLease: boolean;
+}
+
+/** A lock-delay marker: while its holder's entry exists it is dormant; once the entry is gone, it blocks the key until it expires. */
+interface DelayMark {
+  readonly key: string;
+  readonly encOwner: string;
+  readonly lease: string;
+  readonly holder: string;
+  readonly token: bigint;
+}
+
+/** Everything under one lock key at one revision. */
+interface View {
+  readonly revision: bigint;
+  /** In queue order (create revision). */
+  readonly entries: readonly Entry[];
+  readonly delays: readonly DelayMark[];
+}
+
+/** A queued request between two calls of the same acquire (same owner). */
+interface Pending {
+  readonly key: string;
+  readonly mode: LockMode;
+  /** No session: the lease of this lock, granted on the first call, refreshed by each call. */
+  lockLease?: { id: string; ttlMs: number };
+  /** No session, lockDelayMs > 0: the lease of the lock-delay marker. */
+  delayLease?: string;
+  /** Session: the short lease of the queue entry, refreshed by each call, so a crashed waiter's place ends soon. */
+  queueLease?: { id: string; ttlMs: number; keptAt: number };
+  view?: View;
+  touchedAt: number;
+}
+
+/** The busy answer's cursor: who waits, and what to watch from which revision. */
+interface Cursor extends WatchTarget {
+  readonly owner?: string;
+}
+
+interface SessionRecord {
+  /** The session's effective ttl; 0 until known (a session opened by another backend object). */
+  ttlMs: number;
+  /** lockDelayMs → the lease of lock-delay markers of this session's locks. */
+  readonly delays: Map<number, Promise<string>>;
+}
+
+const entryValue = (holder: string, granted: boolean, ownLease: boolean): string =>
+  JSON.stringify({ h: holder, g: granted ? 1 : 0, o: ownLease ? 1 : 0 });
+const delayValue = (holder: string, token: bigint | undefined): string => JSON.stringify({ h: holder, t: token?.toString() ?? '' });
+
+function parseJson(kv: IKeyValue): Record<string, unknown> {
+  try {
+    const v = JSON.parse(kv.value.toString('utf8')) as unknown;
+    return typeof v === 'object' && v !== null ? (v as Record<string, unknown>) : {};
+  } catch {
+    return {};
+  }
+}
+
+/**
+ * Leases in etcd (v3 API, etcd ≥ 3.3), through the `etcd3` client.
+ *
+ * **Sessions.** One etcd lease per client session (core opens one per ttl per `Locks` and reuses
+ * it) carries every lock of that client: renewal is one LeaseKeepAlive per session every ttl/3,
+ * however many locks it holds. Core drives the keep-alives (`sessions.keepAlive` is one round
+ * trip) instead of etcd3's automatic loop, so a keep-alive that fails or finds the lease gone
+ * reaches core's loss detection at once (I6) and validity is counted from the request (I5). A lock
+ * acquired with `autoRenew: false` gets a lease of its own, revoked on release.
+ *
+ * **Queue.** A request is a key `<prefix><key>/q/<e|s>/<owner>`; its create revision is its place.
+ * An exclusive request is granted when no request is ahead of it, a shared one when no exclusive
+ * request is ahead: FIFO, no barging (a `tryAcquire` never jumps a queue). A waiter watches only
+ * the deletion of its predecessor (the last request ahead of it; for shared requests, the last
+ * exclusive one), like etcd's own `concurrency.Mutex`, so a release wakes one waiter, not all.
+ * Waiting entries live on a short queue lease of their own, refreshed by each call, so a crashed
+ * waiter's place is gone within ~2 s; the grant moves the entry onto the session's lease. Every
+ * grant is one transaction whose guards re-check the waiter's own entry (etcd issue 11456: a
+ * waiter whose lease expired while it waited must not believe it was granted) and that nothing is
+ * ahead.
+ *
+ * **Fencing token = the create revision of the request's key.** etcd's revision is a cluster-wide
+ * counter, raised by every write, agreed through raft and persisted before a write is
+ * acknowledged. I1: a grant completes after its key was created; a later request creates its key
+ * later, at a higher revision, whatever happened in between (releases, restarts, leader changes).
+ * I2: each request key is created by its own transaction, and two transactions never share a
+ * revision. Revisions start at 1 and are int64: [1, 2^63). Restoring a snapshot with `etcdutl
+ * snapshot restore` (`etcdctl` before 3.5) *without* `--bump-revision` puts the revision back to the
+ * snapshot's, so new grants can repeat or undercut tokens already accepted: fences refuse them
+ * (StaleTokenError) until the revision passes the fences' marks. That is a liveness failure, never
+ * a safety one. Restore with `--bump-revision <N> --mark-compacted` (etcd ≥ 3.5.8), N larger than
+ * the writes since the snapshot.
+ *
+ * **Lock-delay (I8).** etcd deletes the keys of an expired lease without saying it expired, so a
+ * holder with `lockDelayMs` > 0 also writes a marker `<prefix><key>/d/<owner>` on a second lease
+ * that outlives its own lease by lockDelayMs (+1 s margin, rounded up to seconds): the delay lease
+ * is refreshed in the same keep-alive stream right before the lock's lease, so it never expires
+ * earlier than lockDelayMs after it. Release deletes both keys in one transaction (no delay); a
+ * marker without its entry means "expired without release" and blocks new grants until it expires.
+ *
+ * **Time (I5, I7).** Expiry is the etcd leader's lease clock. A lease lives its TTL from the
+ * moment the leader applies the grant or keep-alive, which is after the client sent it; a new
+ * leader extends every lease rather than shortening it.
+ *
+ * Every request has a deadline (`requestTimeoutMs`); the client built from `hosts` knows every
+ * member and retries a failed request on another (etcd3's default policy: three attempts, a
+ * member that failed three times in a row is skipped for 5 s). Errors become
+ * `BackendUnavailableError` by error class and gRPC status, never by message text.
+ */
+export function etcdBackend(options: EtcdBackendOptions): Backend {
+  const o = checkObject(options, 'options');
+  checkKnownOptions(o, ['hosts', 'client', 'prefix', 'requestTimeoutMs', 'minTtlMs'], 'options');
+  if ((o.hosts === undefined) === (o.client === undefined)) throw new InvalidArgumentError('options', 'give exactly one of hosts or client');
+  const prefix = checkPrefixOption(o.prefix ?? ETCD_DEFAULTS.prefix);
+  const timeoutMs = o.requestTimeoutMs === undefined ? ETCD_DEFAULTS.requestTimeoutMs : checkInteger(o.requestTimeoutMs, 'requestTimeoutMs', 1, 600_000);
+  const minTtlMs = o.minTtlMs === undefined ? ETCD_DEFAULTS.minTtlMs : checkInteger(o.minTtlMs, 'minTtlMs', 1_000, 3_600_000);
+  if (o.minTtlMs !== undefined && minTtlMs % 1000 !== 0) throw new InvalidArgumentError('minTtlMs', `etcd leases are whole seconds; got ${minTtlMs}`);
+  let client: EtcdClient;
+  let ownsClient = false;
+  if (o.hosts !== undefined) {
+    const hosts = checkHosts(o.hosts);
+    client = new Etcd3({ hosts, dialTimeout: timeoutMs });
+    ownsClient = true;
+  } else {
+    const c = o.client as EtcdClient;
+    if (typeof c !== 'object' || c === null || typeof c.kv?.txn !== 'function' || typeof c.leaseClient?.leaseGrant !== 'function' || typeof c.watch !== 'function') {
+      throw new InvalidArgumentError('client', `expected an Etcd3 client, got ${describe(c)}`);
+    }
+    client = c;
+  }
+  return new EtcdBackend(client, ownsClient, prefix, timeoutMs, minTtlMs);
+}
+
+class EtcdBackend implements Backend {
+  readonly name = 'etcd';
+  readonly capabilities: Backend['capabilities'];
+  readonly sessions: SessionSupport;
+  readonly #client: EtcdClient;
+  readonly #ownsClient: boolean;
+  readonly #prefix: string;
+  readonly #timeoutMs: number;
+  readonly #pending = new Map<string, Pending>();
+  readonly #wakes = new Map<string, Wake>();
+  readonly #sessionTable = new Map<string, SessionRecord>();
+  #closed = false;
+
+  constructor(client: EtcdClient, ownsClient: boolean, prefix: string, timeoutMs: number, minTtlMs: number) {
+    this.#client = client;
+    this.#ownsClient = ownsClient;
+    this.#prefix = prefix;
+    this.#timeoutMs = timeoutMs;
+    this.capabilities = Object.freeze({ fair: true, minTtlMs });
+    this.sessions = {
+      open: (ttlMs) => this.#sessionOpen(ttlMs),
+      keepAlive: (id) => this.#sessionKeepAlive(id),
+      close: (id) => this.#sessionClose(id),
+    };
+  }
+
+  // ---- acquire -------------------------------------------------------------------------------
+
+  async acquire(req: AcquireRequest): Promise<AcquireResult> {
+    this.#ensureOpen();
+    const now = performance.now();
+    this.#forgetStale(now);
+    const layout = new KeyLayout(this.#prefix, req.key);
+    const entryKey = layout.entry(req.mode, req.owner);
+    let p = this.#pending.get(req.owner);
+    if (p && (p.key !== req.key || p.mode !== req.mode)) p = undefined;
+    p ??= { key: req.key, mode: req.mode, touchedAt: now };
+    p.touchedAt = now;
+
+    try {
+      // The lease the grant hangs on, and the lease of its lock-delay marker.
+      let hold: { id: string; ttlMs: number; own: boolean };
+      let delayLease: string | undefined;
+      if (req.session !== undefined) {
+        hold = { id: req.session, ttlMs: this.#sessionTable.get(req.session)?.ttlMs || req.ttlMs, own: false };
+        if (req.lockDelayMs > 0) {
+          try {
+            delayLease = await this.#sessionDelayLease(req.session, req.lockDelayMs);
+          } catch (error) {
+            if (isLeaseNotFound(error)) return { granted: false, sessionLost: true };
+            throw error;
+          }
+        }
+      } else {
+        hold = { ...(await this.#lockLease(p, req)), own: true };
+        delayLease = p.delayLease;
+      }
+      // A waiting session request keeps its queue lease alive alongside.
+      const q = p.queueLease;
+      if (q && now - q.keptAt > q.ttlMs / 4) {
+        void keepAliveOnce(this.#client, [q.id], this.#timeoutMs).then(
+          (ttls) => {
+            if ((ttls.get(q.id) ?? 0) > 0) q.keptAt = Math.max(q.keptAt, now);
+            else if (p.queueLease === q) p.queueLease = undefined;
+          },
+          () => {},
+        );
+      }
+
+      let view = p.view;
+      let fresh = false; // true once `view` was read in this call (not a guess from the last one)
+      for (let round = 0; round < MAX_ROUNDS; round++) {
+        const own = view?.entries.find((e) => e.key === entryKey);
+        if (own?.granted) return this.#granted(req.owner, p, own.rev, hold.ttlMs);
+        if (fresh && view && !grantable(view, own, req.mode)) {
+          if (!req.queue) return await this.#refuse(req.owner, p, view, layout);
+          if (!own) {
+            view = await this.#enqueue(req, p, layout, entryKey, hold);
+            continue;
+          }
+          return await this.#wait(req.owner, p, view, own, req.mode, layout);
+        }
+        // Try the grant: guards say "my entry is as I saw it, nothing is ahead, no lock-delay"; if
+        // they fail, the same transaction reads the key's state instead.
+        const success: IRequestOp[] = [op.put(entryKey, entryValue(req.holder, true, hold.own), hold.id)];
+        if (delayLease !== undefined) success.push(op.put(layout.delay(req.owner), delayValue(req.holder, own?.rev), delayLease));
+        const response = await this.#txn('acquire', grantGuards(layout, view, own, req.mode, entryKey), success, [op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)))]);
+        if (response.succeeded) return this.#granted(req.owner, p, own?.rev ?? BigInt(response.header.revision), hold.ttlMs);
+        view = parseView(this.#prefix, readKvs(response), BigInt(response.header.revision));
+        fresh = true;
+      }
+      if (!view) throw new InvalidArgumentError('acquire', 'no state read'); // unreachable: every failed round reads
+      const own = view.entries.find((e) => e.key === entryKey);
+      if (!req.queue || !own) return await this.#refuse(req.owner, p, view, layout);
+      return await this.#wait(req.owner, p, view, own, req.mode, layout);
+    } catch (error) {
+      if (isLeaseNotFound(error)) {
+        // The session (or its lock-delay lease) is gone: core ends the session and opens a new one.
+        if (req.session !== undefined) return { granted: false, sessionLost: true };
+        // Our own lock lease vanished between its refresh and the transaction: start over next call.
+        p.lockLease = undefined;
+        p.view = undefined;
+      }
+      // A lease granted in this call for a request that is not queued would be nobody's.
+      if (p.lockLease && this.#pending.get(req.owner) !== p) {
+        this.#revokeLater(p.lockLease.id, p.delayLease);
+        p.lockLease = undefined;
+      }
+      throw mapError('acquire', error);
+    }
+  }
+
+  /** No session: the lock's own lease, granted on the first call and refreshed on every later one (I5: after the request was sent). */
+  async #lockLease(p: Pending, req: AcquireRequest): Promise<{ id: string; ttlMs: number }> {
+    if (p.lockLease) {
+      const ids = p.delayLease !== undefined ? [p.delayLease, p.lockLease.id] : [p.lockLease.id];
+      const ttls = await keepAliveOnce(this.#client, ids, this.#timeoutMs);
+      const lockTtl = ttls.get(p.lockLease.id) ?? 0;
+      const delayTtl = p.delayLease !== undefined ? (ttls.get(p.delayLease) ?? 0) : 1;
+      if (lockTtl > 0 && delayTtl > 0) return p.lockLease;
+      // Gone (the process paused past its ttl, or an operator revoked it): the queue place went with it.
+      this.#revokeLater(p.lockLease.id, p.delayLease);
+      p.lockLease = undefined;
+      p.delayLease = undefined;
+      p.view = undefined;
+    }
+    const ttlS = Math.ceil(req.ttlMs / 1000);
+    const [lock, delay] = await Promise.all([
+      this.#client.leaseClient.leaseGrant({ TTL: ttlS }, deadline(this.#timeoutMs)),
+      req.lockDelayMs > 0
+        ? this.#client.leaseClient.leaseGrant({ TTL: ttlS + Math.ceil(req.lockDelayMs / 1000) + DELAY_MARGIN_S }, deadline(this.#timeoutMs))
+        : undefined,
+    ]);
+    p.lockLease = { id: String(lock.ID), ttlMs: Number(lock.TTL) * 1000 };
+    p.delayLease = delay ? String(delay.ID) : undefined;
+    return p.lockLease;
+  }
+
+  /** Puts the waiter's entry at the end of the queue (on its queue lease) and reads the key's state. */
+  async #enqueue(req: AcquireRequest, p: Pending, layout: KeyLayout, entryKey: string, hold: { id: string; own: boolean }): Promise<View> {
+    for (let attempt = 0; ; attempt++) {
+      const waitLease = req.session !== undefined ? await this.#queueLease(p, req.queueTtlMs) : hold.id;
+      const read = op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)));
+      try {
+        const r = await this.#txn('enqueue', [cmp.createdAt(entryKey, 0n)], [op.put(entryKey, entryValue(req.holder, false, hold.own), waitLease), read], [read]);
+        return parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
+      } catch (error) {
+        // The queue lease expired before we used it (a long pause): take a new one, once.
+        if (req.session !== undefined && isLeaseNotFound(error) && attempt === 0) {
+          p.queueLease = undefined;
+          continue;
+        }
+        throw error;
+      }
+    }
+  }
+
+  async #queueLease(p: Pending, queueTtlMs: number): Promise<string> {
+    if (p.queueLease) return p.queueLease.id;
+    const sentAt = performance.now();
+    const r = await this.#client.leaseClient.leaseGrant({ TTL: Math.max(1, Math.ceil(queueTtlMs / 1000)) }, deadline(this.#timeoutMs));
+    p.queueLease = { id: String(r.ID), ttlMs: Number(r.TTL) * 1000, keptAt: sentAt };
+    return p.queueLease.id;
+  }
+
+  #granted(owner: string, p: Pending, token: bigint, ttlMs: number): AcquireResult {
+    this.#pending.delete(owner);
+    // The entry now lives on the session's lease; its queue lease holds nothing any more.
+    if (p.queueLease) this.#revokeLater(p.queueLease.id);
+    return { granted: true, token, ttlMs };
+  }
+
+  /** Busy, and the caller does not queue (tryAcquire, fair: false): nothing of ours stays behind. */
+  async #refuse(owner: string, p: Pending, view: View, layout: KeyLayout): Promise<AcquireResult> {
+    this.#pending.delete(owner);
+    if (p.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    if (p.queueLease) this.#revokeLater(p.queueLease.id);
+    // Without a place in the queue there is no predecessor: any deletion under the key may free it.
+    return this.#busy(view, undefined, 'exclusive', { keys: [], prefix: layout.base, afterRevision: view.revision });
+  }
+
+  /** Busy, queued: remember the view for the next call and point this waiter's watch at what it waits for. */
+  async #wait(owner: string, p: Pending, view: View, own: Entry, mode: LockMode, layout: KeyLayout): Promise<AcquireResult> {
+    p.view = view;
+    this.#pending.set(owner, p);
+    const target = watchTarget(view, own, mode, layout);
+    void this.#wakes.get(owner)?.target(target).catch(() => {});
+    return this.#busy(view, own, mode, { ...target, owner });
+  }
+
+  async #busy(view: View, own: Entry | undefined, mode: LockMode, cursor: Cursor): Promise<AcquireResult> {
+    const holder = view.entries.find((e) => e.granted)?.holder ?? orphans(view)[0]?.holder;
+    let retryInMs: number | undefined;
+    const blockers = ahead(view, own, mode);
+    const delays = orphans(view);
+    if (blockers.length === 0 && delays.length > 0) {
+      // Blocked only by lock-delay: it ends when the last marker's lease expires.
+      const ttls = await Promise.all(delays.map((d) => this.#remainingMs(d.lease)));
+      retryInMs = Math.max(0, ...ttls);
+    }
+    const result: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor };
+    if (holder !== undefined) result.holder = holder;
+    if (retryInMs !== undefined) result.retryInMs = retryInMs;
+    return result;
+  }
+
+  // ---- renew, release, cancel ------------------------------------------------------------------
+
+  async renew(req: RenewRequest): Promise<RenewResult> {
+    this.#ensureOpen();
+    const layout = new KeyLayout(this.#prefix, req.key);
+    const entryKey = layout.entry(req.mode, req.owner);
+    try {
+      const r = await this.#txn('renew', [], [op.get(entryKey), op.get(layout.delay(req.owner))], []);
+      const kvs = readKvs(r);
+      const entry = kvs.find((kv) => kv.key.toString('utf8') === entryKey);
+      const value = entry ? parseJson(entry) : {};
+      if (!entry || BigInt(entry.create_revision) !== req.token || value.g !== 1) return { renewed: false };
+      if (value.o !== 1) {
+        // A lease of a session: renewing it is the session's keep-alive (with its lock-delay leases).
+        return (await this.#sessionKeepAlive(entry.lease)) ? { renewed: true, ttlMs: this.#sessionTable.get(entry.lease)?.ttlMs || req.ttlMs } : { renewed: false };
+      }
+      const marker = kvs.find((kv) => kv.key.toString('utf8') !== entryKey);
+      // The delay lease first, then the lock's: the marker then outlives the entry by its full delay (see the class comment).
+      const ids = marker ? [marker.lease, entry.lease] : [entry.lease];
+      const ttls = await keepAliveOnce(this.#client, ids, this.#timeoutMs);
+      const ttl = ttls.get(entry.lease) ?? 0;
+      if (ttl <= 0 || (marker && (ttls.get(marker.lease) ?? 0) <= 0)) return { renewed: false };
+      return { renewed: true, ttlMs: ttl * 1000 };
+    } catch (error) {
+      throw mapError('renew', error);
+    }
+  }
+
+  async release(req: ReleaseRequest): Promise<void> {
+    this.#ensureOpen();
+    if (req.token < 1n) return;
+    const layout = new KeyLayout(this.#prefix, req.key);
+    const entryKey = layout.entry(req.mode, req.owner);
+    this.#pending.delete(req.owner);
+    try {
+      // Only the holder's own entry, at its token (I4); its lock-delay marker goes in the same step (no delay after a release).
+      const r = await this.#txn('release', [cmp.createdAt(entryKey, req.token)], [op.del(entryKey), op.del(layout.delay(req.owner))], []);
+      if (!r.succeeded) return;
+      const [entry, marker] = deletedKvs(r);
+      if (entry && parseJson(entry).o === 1) this.#revokeLater(entry.lease, marker?.lease);
+    } catch (error) {
+      throw mapError('release', error);
+    }
+  }
+
+  async cancelWait({ key, owner }: { key: string; owner: string }): Promise<void> {
+    if (this.#closed) return;
+    const p = this.#pending.get(owner);
+    this.#pending.delete(owner);
+    const layout = new KeyLayout(this.#prefix, key);
+    try {
+      await this.#txn('cancel wait', [], [op.del(layout.entry('exclusive', owner)), op.del(layout.entry('shared', owner)), op.del(layout.delay(owner))], []);
+    } finally {
+      if (p?.queueLease) this.#revokeLater(p.queueLease.id);
+      if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    }
+  }
+
+  // ---- wake-ups --------------------------------------------------------------------------------
+
+  async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
+    this.#ensureOpen();
+    const c = isCursor(cursor) ? cursor : undefined;
+    const wake = new Wake(this.#client, onChange);
+    if (c?.owner !== undefined) {
+      this.#wakes.get(c.owner)?.close();
+      this.#wakes.set(c.owner, wake);
+    }
+    // Without a cursor, watch every deletion under the key from now on (core re-checks right after).
+    await wake.target(c ?? { keys: [], prefix: new KeyLayout(this.#prefix, key).base });
+    return () => {
+      wake.close();
+      if (c?.owner !== undefined && this.#wakes.get(c.owner) === wake) this.#wakes.delete(c.owner);
+    };
+  }
+
+  // ---- inspect ---------------------------------------------------------------------------------
+
+  async inspect(prefix: string): Promise<KeyState[]> {
+    this.#ensureOpen();
+    const start = `${this.#prefix}${encodePart(prefix)}`;
+    try {
+      const r = await this.#client.kv.range({ key: Buffer.from(start), range_end: rangeEnd(Buffer.from(start)) }, deadline(this.#timeoutMs));
+      const groups = new Map<string, IKeyValue[]>();
+      for (const kv of r.kvs) {
+        const parsed = parseKey(this.#prefix, kv.key.toString('utf8'));
+        if (!parsed) continue;
+        let list = groups.get(parsed.encKey);
+        if (!list) groups.set(parsed.encKey, (list = []));
+        list.push(kv);
+      }
+      const revision = BigInt(r.header.revision);
+      const views = [...groups].map(([encKey, kvs]) => ({ key: decodePart(encKey), view: parseView(this.#prefix, kvs, revision) }));
+      const leases = new Set<string>();
+      for (const { view } of views) {
+        for (const e of view.entries) if (e.granted) leases.add(e.lease);
+        for (const d of orphans(view)) leases.add(d.lease);
+      }
+      const remaining = new Map(await Promise.all([...leases].map(async (id) => [id, await this.#remainingMs(id)] as const)));
+      const out: KeyState[] = [];
+      for (const { key, view } of views) {
+        const holders: HolderState[] = view.entries
+          .filter((e) => e.granted)
+          .map((e) => ({ mode: e.mode, token: e.rev, holder: e.holder, expiresInMs: remaining.get(e.lease) ?? 0 }));
+        const delays = orphans(view);
+        const delayMs = Math.max(0, ...delays.map((d) => remaining.get(d.lease) ?? 0));
+        const waiters = view.entries.filter((e) => !e.granted).length;
+        if (holders.length === 0 && waiters === 0 && delayMs === 0) continue;
+        let lastToken = 0n;
+        for (const h of holders) if (h.token > lastToken) lastToken = h.token;
+        for (const d of delays) if (d.token > lastToken) lastToken = d.token;
+        out.push({ key, lastToken, holders, waiters, lockDelayRemainingMs: delayMs });
+      }
+      return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    } catch (error) {
+      throw mapError('inspect', error);
+    }
+  }
+
+  // ---- sessions --------------------------------------------------------------------------------
+
+  async #sessionOpen(ttlMs: number): Promise<{ id: string; ttlMs: number }> {
+    this.#ensureOpen();
+    try {
+      const r = await this.#client.leaseClient.leaseGrant({ TTL: Math.ceil(ttlMs / 1000) }, deadline(this.#timeoutMs));
+      const id = String(r.ID);
+      const effective = Number(r.TTL) * 1000; // etcd raises a ttl below its minimum
+      this.#sessionTable.set(id, { ttlMs: effective, delays: new Map() });
+      return { id, ttlMs: effective };
+    } catch (error) {
+      throw mapError('open session', error);
+    }
+  }
+
+  /**
+   * One LeaseKeepAlive stream: the session's lock-delay leases first, then the session's lease, so
+   * a delay lease is never refreshed earlier than its session (its marker outlives the session's
+   * entries by at least lockDelayMs). False when the session's lease is gone, or when a delay lease
+   * is (revoked by someone: the lock-delay of this session's locks could no longer be kept).
+   */
+  async #sessionKeepAlive(id: string): Promise<boolean> {
+    this.#ensureOpen();
+    const s = this.#sessionTable.get(id);
+    try {
+      const delayIds = s ? (await Promise.allSettled(s.delays.values())).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])) : [];
+      const ttls = await keepAliveOnce(this.#client, [...delayIds, id], this.#timeoutMs);
+      if ((ttls.get(id) ?? 0) <= 0 || delayIds.some((d) => (ttls.get(d) ?? 0) <= 0)) {
+        // Gone: its delay leases are left to expire (that is the lock-delay of an expiry).
+        this.#sessionTable.delete(id);
+        return false;
+      }
+      return true;
+    } catch (error) {
+      if (isLeaseNotFound(error)) return false;
+      throw mapError('session keep-alive', error);
+    }
+  }
+
+  /** Revokes the session's lease and its lock-delay leases: its locks are freed at once, without lock-delay (closed on purpose). */
+  async #sessionClose(id: string): Promise<void> {
+    this.#ensureOpen();
+    const s = this.#sessionTable.get(id);
+    this.#sessionTable.delete(id);
+    const delays = s ? (await Promise.allSettled(s.delays.values())).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])) : [];
+    try {
+      await Promise.all([id, ...delays].map((lease) => revoke(this.#client, lease, this.#timeoutMs)));
+    } catch (error) {
+      throw mapError('close session', error);
+    }
+  }
+
+  /** The lease of lock-delay markers of `session`'s locks with `lockDelayMs`: ttl = session ttl + delay + 1 s. */
+  #sessionDelayLease(session: string, lockDelayMs: number): Promise<string> {
+    let s = this.#sessionTable.get(session);
+    if (!s) this.#sessionTable.set(session, (s = { ttlMs: 0, delays: new Map() }));
+    const record = s;
+    let lease = record.delays.get(lockDelayMs);
+    if (!lease) {
+      lease = (async () => {
+        if (record.ttlMs <= 0) {
+          const info = await this.#client.leaseClient.leaseTimeToLive({ ID: session }, deadline(this.#timeoutMs));
+          if (!(Number(info.TTL) > 0)) throw new EtcdLeaseInvalidError(session); // the session is gone
+          record.ttlMs = Number(info.grantedTTL) * 1000;
+        }
+        const sessionTtlS = record.ttlMs / 1000;
+        const r = await this.#client.leaseClient.leaseGrant({ TTL: sessionTtlS + Math.ceil(lockDelayMs / 1000) + DELAY_MARGIN_S }, deadline(this.#timeoutMs));
+        return String(r.ID);
+      })();
+      record.delays.set(lockDelayMs, lease);
+      lease.catch(() => {
+        if (record.delays.get(lockDelayMs) === lease) record.delays.delete(lockDelayMs);
+      });
+    }
+    return lease;
+  }
+
+  // ---- plumbing --------------------------------------------------------------------------------
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const wake of this.#wakes.values()) wake.close();
+    this.#wakes.clear();
+    const leases: string[] = [];
+    for (const p of this.#pending.values()) {
+      if (p.queueLease) leases.push(p.queueLease.id);
+      if (p.lockLease) leases.push(p.lockLease.id);
+      if (p.delayLease) leases.push(p.delayLease);
+    }
+    this.#pending.clear();
+    await Promise.allSettled(leases.map((id) => revoke(this.#client, id, this.#timeoutMs)));
+    if (this.#ownsClient) (this.#client as Etcd3).close();
+  }
+
+  async #txn(what: string, compare: ICompare[], success: IRequestOp[], failure: IRequestOp[]) {
+    try {
+      return await this.#client.kv.txn({ compare, success, failure }, deadline(this.#timeoutMs));
+    } catch (error) {
+      if (isLeaseNotFound(error)) throw error; // callers tell a lost session from an outage
+      throw mapError(what, error);
+    }
+  }
+
+  /** Milliseconds left of a lease (0 when gone), by the leader's lease clock, in whole seconds. */
+  async #remainingMs(id: string): Promise<number> {
+    const r = await this.#client.leaseClient.leaseTimeToLive({ ID: id }, deadline(this.#timeoutMs));
+    return Math.max(0, Number(r.TTL)) * 1000;
+  }
+
+  /** Revokes leases nobody needs any more, in the background (they expire on their own if this fails). */
+  #revokeLater(...ids: (string | undefined)[]): void {
+    for (const id of ids) if (id !== undefined && id !== '0') void revoke(this.#client, id, this.#timeoutMs).catch(() => {});
+  }
+
+  #forgetStale(now: number): void {
+    for (const [owner, p] of this.#pending) {
+      if (now - p.touchedAt < PENDING_FORGET_MS) continue;
+      this.#pending.delete(owner);
+      if (p.queueLease) this.#revokeLater(p.queueLease.id);
+      if (p.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    }
+  }
+
+  #ensureOpen(): void {
+    if (this.#closed) throw new InvalidArgumentError('backend', 'this etcd backend was closed');
+  }
+}
+
+// ---- the queue, as pure functions of a view ------------------------------------------------------
+
+function parseView(prefix: string, kvs: readonly IKeyValue[], revision: bigint): View {
+  const entries: Entry[] = [];
+  const delays: DelayMark[] = [];
+  for (const kv of kvs) {
+    const key = kv.key.toString('utf8');
+    const parsed = parseKey(prefix, key);
+    if (!parsed) continue;
+    const v = parseJson(kv);
+    const holder = typeof v.h === 'string' ? v.h : '';
+    if (parsed.kind === 'entry') {
+      entries.push({ key, encOwner: parsed.encOwner, mode: parsed.mode, rev: BigInt(kv.create_revision), lease: String(kv.lease), granted: v.g === 1, holder, ownLease: v.o === 1 });
+    } else {
+      const token = typeof v.t === 'string' && /^[0-9]+$/.test(v.t) ? BigInt(v.t) : BigInt(kv.create_revision);
+      delays.push({ key, encOwner: parsed.encOwner, lease: String(kv.lease), holder, token });
+    }
+  }
+  entries.sort((a, b) => (a.rev < b.rev ? -1 : a.rev > b.rev ? 1 : 0));
+  return { revision, entries, delays };
+}
+
+/** Lock-delay markers whose holder's entry is gone: the holder expired without releasing. */
+function orphans(view: View): DelayMark[] {
+  const owners = new Set(view.entries.map((e) => e.encOwner));
+  return view.delays.filter((d) => !owners.has(d.encOwner));
+}
+
+/** Markers of holders that still hold. */
+function liveDelays(view: View): DelayMark[] {
+  const owners = new Set(view.entries.map((e) => e.encOwner));
+  return view.delays.filter((d) => owners.has(d.encOwner));
+}
+
+/** The requests a request of `mode` must wait for: everyone ahead (exclusive), or every exclusive ahead (shared). */
+function ahead(view: View, own: Entry | undefined, mode: LockMode): Entry[] {
+  return view.entries.filter((e) => (own === undefined || e.rev < own.rev) && e.key !== own?.key && (mode === 'exclusive' || e.mode === 'exclusive'));
+}
+
+function grantable(view: View, own: Entry | undefined, mode: LockMode): boolean {
+  if (ahead(view, own, mode).length > 0 || orphans(view).length > 0) return false;
+  return mode === 'exclusive' || liveDelays(view).length <= MAX_DELAY_GUARDS;
+}
+
+/**
+ * The guards of a grant transaction. With a view, they state exactly what made it grantable; on a
+ * guess (first call, or a wake-up), they state the hoped-for outcome: what we waited for is gone.
+ * - our entry is the one we saw (created at its revision), or absent for a new request;
+ * - exclusive: every request under the key is ours or later; shared: no exclusive request, or
+ *   only later ones;
+ * - lock-delay: no marker at all (exclusive); for shared, no new marker since the view and every
+ *   marker's holder still there.
+ */
+function grantGuards(layout: KeyLayout, view: View | undefined, own: Entry | undefined, mode: LockMode, entryKey: string): ICompare[] {
+  const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
+  const guards: ICompare[] = [cmp.createdAt(entryKey, own?.rev ?? 0n)];
+  if (mode === 'exclusive') {
+    guards.push(own ? cmp.createdAfter(layout.queue, own.rev - 1n, end(layout.queue)) : cmp.createdAt(layout.queue, 0n, end(layout.queue)));
+    guards.push(cmp.createdAt(layout.delays, 0n, end(layout.delays)));
+    return guards;
+  }
+  const laterExclusive = own !== undefined && view !== undefined && view.entries.some((e) => e.mode === 'exclusive' && e.rev > own.rev);
+  guards.push(laterExclusive ? cmp.createdAfter(layout.exclusive, own!.rev, end(layout.exclusive)) : cmp.createdAt(layout.exclusive, 0n, end(layout.exclusive)));
+  const live = view ? liveDelays(view) : [];
+  if (live.length === 0 || !view) {
+    guards.push(cmp.createdAt(layout.delays, 0n, end(layout.delays)));
+  } else {
+    guards.push(cmp.modifiedBy(layout.delays, view.revision, end(layout.delays)));
+    for (const d of live) {
+      const holder = view.entries.find((e) => e.encOwner === d.encOwner)!;
+      guards.push(cmp.createdAt(holder.key, holder.rev));
+    }
+  }
+  return guards;
+}
+
+/** What a queued waiter watches: its predecessor (the last request it waits for), else the lock-delay markers that block it. */
+function watchTarget(view: View, own: Entry, mode: LockMode, layout: KeyLayout): WatchTarget {
+  const blockers = ahead(view, own, mode);
+  if (blockers.length > 0) return { keys: [blockers[blockers.length - 1]!.key], afterRevision: view.revision };
+  const delays = orphans(view);
+  if (delays.length > 0) return { keys: delays.map((d) => d.key), afterRevision: view.revision };
+  // Only too many shared lock-delay holders (MAX_DELAY_GUARDS): any deletion under the key may help.
+  return { keys: [], prefix: layout.base, afterRevision: view.revision };
+}
+
+function isCursor(value: unknown): value is Cursor {
+  if (typeof value !== 'object' || value === null) return false;
+  const c = value as Cursor;
+  return Array.isArray(c.keys) && typeof c.afterRevision === 'bigint';
+}
+
+function checkPrefixOption(value: unknown): string {
+  if (typeof value !== 'string' || value.length === 0 || value.includes('\0') || !value.isWellFormed()) {
+    throw new InvalidArgumentError('prefix', `expected a non-empty string, got ${describe(value)}`);
+  }
+  return value;
+}
+
+function checkHosts(value: unknown): string[] {
+  const hosts = typeof value === 'string' ? [value] : Array.isArray(value) ? (value as unknown[]) : undefined;
+  if (!hosts || hosts.length === 0 || !hosts.every((h) => typeof h === 'string' && /^https?:\/\/[^/\s]+\/?$/.test(h))) {
+    throw new InvalidArgumentError('hosts', `expected etcd client URLs like http://127.0.0.1:2379, got ${describe(value)}`);
+  }
+  return hosts as string[];
+}
+

@@ -1,0 +1,344 @@
+/**
+ * etcd-specific behaviour beyond the conformance suite, against a real etcd member of the test's
+ * own: where the token comes from, the key layout, per-waiter queue leases, etcd issue 11456,
+ * lock-delay of sessions, shared/exclusive ordering, option checks and outages.
+ */
+import { Etcd3 } from 'etcd3';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import type { AcquireRequest, Backend } from '../../src/core/backend.js';
+import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
+import { Locks } from '../../src/core/locks.js';
+import { etcdBackend } from '../../src/etcd/index.js';
+import { decodePart, encodePart, KeyLayout, parseKey } from '../../src/etcd/keys.js';
+import { startCluster, type Cluster } from '../fixtures/etcd-cluster.mjs';
+import { eventually, sleep, uniqueName } from '../helpers/env.js';
+
+describe('etcd key layout', () => {
+  it('encodes any key so that it round-trips, never contains the separator and keeps prefixes', () => {
+    const keys = ['a', 'a/b', 'a%2Fb', 'ключ', '🔒 x', '', 'x'.repeat(300), 'a:b.c-d_e~f', '100%'];
+    for (const k of keys) {
+      const e = encodePart(k);
+      expect(decodePart(e)).toBe(k);
+      expect(e).not.toContain('/');
+      expect(e).toMatch(/^[A-Za-z0-9._~:%-]*$/);
+    }
+    expect(encodePart('a/b')).not.toBe(encodePart('a%2Fb'));
+    for (const [p, k] of [['te', 'test'], ['ключ', 'ключи'], ['a/', 'a/b'], ['🔒', '🔒 x']] as const) {
+      expect(encodePart(k).startsWith(encodePart(p))).toBe(true);
+    }
+  });
+
+  it('keeps entries and lock-delay markers of different keys apart', () => {
+    const a = new KeyLayout('lh/', 'a');
+    const ab = new KeyLayout('lh/', 'a/q/e');
+    expect(ab.base.startsWith(a.base)).toBe(false);
+    expect(parseKey('lh/', a.entry('exclusive', 'o/1'))).toEqual({ kind: 'entry', encKey: 'a', mode: 'exclusive', encOwner: 'o%2F1' });
+    expect(parseKey('lh/', a.entry('shared', 'o'))).toMatchObject({ kind: 'entry', mode: 'shared' });
+    expect(parseKey('lh/', a.delay('o'))).toEqual({ kind: 'delay', encKey: 'a', encOwner: 'o' });
+    expect(parseKey('lh/', 'lh/a/x/y')).toBeUndefined();
+    expect(parseKey('lh/', 'other/a/q/e/o')).toBeUndefined();
+  });
+});
+
+describe('etcd options', () => {
+  it('are checked at the boundary', () => {
+    expect(() => etcdBackend({} as never)).toThrow(InvalidArgumentError);
+    expect(() => etcdBackend({ hosts: ['http://127.0.0.1:1'], client: {} as never })).toThrow(/exactly one/);
+    expect(() => etcdBackend({ hosts: ['127.0.0.1:2379'] })).toThrow(expect.objectContaining({ argument: 'hosts' }));
+    expect(() => etcdBackend({ hosts: [] })).toThrow(expect.objectContaining({ argument: 'hosts' }));
+    expect(() => etcdBackend({ client: { kv: {} } as never })).toThrow(expect.objectContaining({ argument: 'client' }));
+    expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', minTtlMs: 1500 })).toThrow(expect.objectContaining({ argument: 'minTtlMs' }));
+    expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', prefix: '' })).toThrow(expect.objectContaining({ argument: 'prefix' }));
+    expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', ttl: 1 } as never)).toThrow(InvalidArgumentError);
+  });
+});
+
+describe('etcd backend', () => {
+  let cluster: Cluster;
+  let etcd: Etcd3;
+  let prefix: string;
+  let opened: { close(): Promise<void> }[] = [];
+  let n = 0;
+  const key = (label: string): string => `${label}:${++n}`;
+
+  const backend = (options: { requestTimeoutMs?: number } = {}): Backend => {
+    const b = etcdBackend({ hosts: cluster.endpoints, prefix, minTtlMs: 1_000, ...options });
+    opened.push(b);
+    return b;
+  };
+  const locks = (holderName?: string): Locks => {
+    const l = new Locks({ backend: backend(), ...(holderName ? { holderName } : {}) });
+    opened.push(l);
+    return l;
+  };
+  const request = (k: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
+    key: k, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+  });
+  /** Everything under our prefix for one lock key, as etcd has it. */
+  const raw = async (k: string) => (await etcd.getAll().prefix(new KeyLayout(prefix, k).base).exec()).kvs;
+
+  beforeAll(async () => {
+    cluster = await startCluster({ members: 1, heartbeatMs: 50, electionMs: 500 });
+    etcd = new Etcd3({ hosts: cluster.endpoints });
+    prefix = `${uniqueName('lh')}/`;
+  });
+  afterEach(async () => {
+    await Promise.allSettled(opened.map((o) => o.close()));
+    opened = [];
+  });
+  afterAll(async () => {
+    etcd?.close();
+    await cluster?.stop();
+  });
+
+  it('the token is the create revision of the holder\'s key, on the session\'s lease', async () => {
+    const k = key('token');
+    const l = locks();
+    const lease = await l.acquire(k, { ttlMs: 2_000 });
+    const kvs = await raw(k);
+    expect(kvs).toHaveLength(1);
+    expect(BigInt(kvs[0]!.create_revision)).toBe(lease.token);
+    expect(kvs[0]!.key.toString()).toBe(new KeyLayout(prefix, k).base + 'q/e/' + kvs[0]!.key.toString().split('/').pop());
+    // attached to a lease (the session's), which etcd reports with this key
+    const ttl = await etcd.leaseClient.leaseTimeToLive({ ID: kvs[0]!.lease, keys: true });
+    expect(ttl.keys.map((b) => b.toString())).toContain(kvs[0]!.key.toString());
+    // the token is a revision: another write anywhere in etcd moves the next token past it
+    await etcd.put(`${prefix}unrelated`).value('x');
+    await lease.release();
+    expect(await raw(k)).toHaveLength(0);
+    const next = await l.acquire(k, { ttlMs: 2_000 });
+    expect(next.token).toBeGreaterThan(lease.token + 1n);
+  });
+
+  it('one session lease carries every lock of a client; autoRenew:false locks get their own, revoked on release', async () => {
+    const l = locks();
+    const held = await Promise.all([0, 1, 2, 3, 4].map((i) => l.acquire(key(`many${i}`), { ttlMs: 2_000 })));
+    const leases = new Set<string>();
+    for (const h of held) for (const kv of await raw(h.key)) leases.add(kv.lease);
+    expect(leases.size).toBe(1);
+    const own = await l.acquire(key('own'), { ttlMs: 2_000, autoRenew: false });
+    const [kv] = await raw(own.key);
+    expect(leases.has(kv!.lease)).toBe(false);
+    await own.release();
+    // (revoked in the background: the release itself already deleted the key)
+    expect(await eventually(async () => Number((await etcd.leaseClient.leaseTimeToLive({ ID: kv!.lease })).TTL) <= 0, 3_000)).toBe(true);
+    await Promise.all(held.map((h) => h.release()));
+  });
+
+  it('rounds a ttl up to whole seconds and reports it', async () => {
+    const l = locks();
+    const a = await l.acquire(key('round'), { ttlMs: 1_500 });
+    expect(a.ttlMs).toBe(2_000);
+    const b = await l.acquire(key('round'), { ttlMs: 1_200, autoRenew: false });
+    expect(b.ttlMs).toBe(2_000);
+  });
+
+  it('etcd issue 11456: a waiter whose entry vanished while it waited is not granted over the next holder', async () => {
+    const k = key('11456');
+    const h = backend();
+    const w = backend();
+    const x = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    expect(hold.granted).toBe(true);
+    const session = await w.sessions!.open(10_000);
+    const waiting = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
+    expect(waiting.granted).toBe(false);
+    // the waiter's queue entry disappears (its lease expired during a pause; here: revoked)
+    const entry = (await raw(k)).find((kv) => kv.key.toString().endsWith('/waiter'))!;
+    await etcd.leaseClient.leaseRevoke({ ID: entry.lease });
+    const xSession = await x.sessions!.open(10_000);
+    expect((await x.acquire(request(k, 'x', { queue: true, session: xSession.id }))).granted).toBe(false);
+    if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    const xGrant = await x.acquire(request(k, 'x', { queue: true, session: xSession.id }));
+    expect(xGrant.granted).toBe(true);
+    // the old waiter asks again: it lost its place, so it queues behind x instead of believing it holds
+    const again = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
+    expect(again.granted).toBe(false);
+    if (xGrant.granted) await x.release({ key: k, owner: 'x', token: xGrant.token, mode: 'exclusive' });
+    const late = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
+    expect(late.granted).toBe(true);
+    if (late.granted && xGrant.granted) expect(late.token).toBeGreaterThan(xGrant.token);
+  });
+
+  it('a crashed waiter\'s place ends with its queue lease (about 2 s), not with its session', async () => {
+    const k = key('crashed-waiter');
+    const h = backend();
+    const w = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    const session = await w.sessions!.open(30_000);
+    expect((await w.acquire(request(k, 'ghost', { queue: true, session: session.id }))).granted).toBe(false);
+    // the waiter never asks again (crashed), its session lives on (another part of the process keeps it)
+    if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    const other = backend();
+    expect((await other.acquire(request(k, 'newcomer'))).granted).toBe(false); // the ghost is first in line
+    expect(await eventually(async () => (await other.acquire(request(k, 'newcomer'))).granted, 6_000, 200)).toBe(true);
+    await w.sessions!.close(session.id);
+  });
+
+  it('I8 with sessions: a session that expires without release keeps its keys for lockDelayMs', async () => {
+    const k = key('session-delay');
+    const a = backend();
+    const session = await a.sessions!.open(1_000);
+    const grant = await a.acquire(request(k, 'a', { session: session.id, ttlMs: 1_000, lockDelayMs: 3_000 }));
+    expect(grant.granted).toBe(true);
+    // nobody keeps the session alive: it expires after ~1 s (the holder crashed)
+    const b = locks();
+    const started = performance.now();
+    expect(await eventually(async () => (await b.inspect(k))[0]?.holders.length === 0, 5_000, 100)).toBe(true);
+    const [state] = await b.inspect(k);
+    expect(state?.lockDelayRemainingMs).toBeGreaterThan(0);
+    if (grant.granted) expect(state?.lastToken).toBe(grant.token);
+    expect(await b.tryAcquire(k, { ttlMs: 1_000 })).toBeNull();
+    const next = await b.acquire(k, { ttlMs: 1_000, waitMs: 15_000 });
+    expect(performance.now() - started).toBeGreaterThanOrEqual(2_500);
+    if (grant.granted) expect(next.token).toBeGreaterThan(grant.token);
+  });
+
+  it('I8 with sessions: closing the session on purpose frees its keys at once', async () => {
+    const k = key('session-close');
+    const a = backend();
+    const session = await a.sessions!.open(2_000);
+    expect((await a.acquire(request(k, 'a', { session: session.id, lockDelayMs: 30_000 }))).granted).toBe(true);
+    await a.sessions!.close(session.id);
+    expect(await locks().tryAcquire(k, { ttlMs: 1_000 })).not.toBeNull();
+  });
+
+  it('shared holders with lock-delay let other shared requests in; one that expires blocks everyone', async () => {
+    const k = key('shared-delay');
+    const a = locks();
+    const b = locks();
+    const c = locks();
+    const s1 = await a.acquire(k, { mode: 'shared', ttlMs: 1_000, autoRenew: false, lockDelayMs: 3_000 });
+    const s2 = await b.acquire(k, { mode: 'shared', ttlMs: 10_000, lockDelayMs: 3_000 });
+    expect(s2.token).toBeGreaterThan(s1.token);
+    await eventually(() => s1.signal.aborted, 5_000);
+    // s1 expired without release: its marker now blocks new grants, shared ones too
+    expect(await eventually(async () => (await c.tryAcquire(k, { mode: 'shared', ttlMs: 1_000 })) === null, 3_000, 100)).toBe(true);
+    expect(s2.held).toBe(true);
+    await s2.release();
+    const s3 = await c.acquire(k, { mode: 'shared', ttlMs: 1_000, waitMs: 15_000 });
+    expect(s3.token).toBeGreaterThan(s2.token);
+  });
+
+  it('a shared request waits behind a queued exclusive one (no barging), then shares with the shared ones after it', async () => {
+    const k = key('rw');
+    const [a, b, c, d] = [locks(), locks(), locks(), locks()];
+    const order: string[] = [];
+    const s1 = await a.acquire(k, { mode: 'shared', ttlMs: 10_000 });
+    const x = b.acquire(k, { ttlMs: 10_000, waitMs: 20_000 }).then((l) => (order.push('x'), l));
+    await eventually(async () => (await a.inspect(k))[0]?.waiters === 1, 5_000);
+    const s2 = c.acquire(k, { mode: 'shared', ttlMs: 10_000, waitMs: 20_000 }).then((l) => (order.push('s2'), l));
+    await eventually(async () => (await a.inspect(k))[0]?.waiters === 2, 5_000);
+    const s3 = d.acquire(k, { mode: 'shared', ttlMs: 10_000, waitMs: 20_000 }).then((l) => (order.push('s3'), l));
+    await eventually(async () => (await a.inspect(k))[0]?.waiters === 3, 5_000);
+    await sleep(200);
+    expect(order).toEqual([]);
+    await s1.release();
+    const xl = await x;
+    await sleep(200);
+    expect(order).toEqual(['x']);
+    await xl.release();
+    const [l2, l3] = await Promise.all([s2, s3]);
+    expect(l2.held && l3.held).toBe(true);
+    expect(l2.token).toBeGreaterThan(xl.token);
+    expect(l3.token).toBeGreaterThan(l2.token);
+  });
+
+  it('a release wakes the next waiter only (it watches its predecessor, no herd)', async () => {
+    const k = key('herd');
+    const h = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    expect(hold.granted).toBe(true);
+    const woken: string[] = [];
+    const unsubscribes: (() => void)[] = [];
+    for (const name of ['w1', 'w2', 'w3']) {
+      const b = backend();
+      const session = await b.sessions!.open(10_000);
+      const busy = await b.acquire(request(k, name, { queue: true, session: session.id }));
+      expect(busy.granted).toBe(false);
+      if (!busy.granted) unsubscribes.push(await b.subscribe!(k, () => woken.push(name), busy.cursor));
+    }
+    expect(woken).toEqual([]);
+    if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    expect(await eventually(() => woken.length > 0, 5_000)).toBe(true);
+    await sleep(300);
+    expect(woken).toEqual(['w1']);
+    for (const u of unsubscribes) u();
+  });
+
+  it('no lost wake-up: a release between the busy answer and the subscription fires at once', async () => {
+    const k = key('cursor');
+    const h = backend();
+    const w = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    const session = await w.sessions!.open(10_000);
+    const busy = await w.acquire(request(k, 'w', { queue: true, session: session.id }));
+    if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    let woken = false;
+    if (!busy.granted) await w.subscribe!(k, () => (woken = true), busy.cursor);
+    expect(await eventually(() => woken, 5_000)).toBe(true);
+  });
+
+  it('an operator revoking the session lease aborts every lease of that session', async () => {
+    const l = locks();
+    const held = await Promise.all([0, 1, 2].map((i) => l.acquire(key(`revoke${i}`), { ttlMs: 1_000 })));
+    const [kv] = await raw(held[0]!.key);
+    await etcd.leaseClient.leaseRevoke({ ID: kv!.lease });
+    expect(await eventually(() => held.every((h) => h.signal.aborted), 3_000)).toBe(true);
+    expect(held.map((h) => (h.signal.reason as { reason: string }).reason)).toEqual(['session-lost', 'session-lost', 'session-lost']);
+  });
+
+  it('a key deleted by hand is noticed at the next renewal of a lock with its own lease', async () => {
+    const l = locks();
+    const lease = await l.acquire(key('deleted'), { ttlMs: 3_000, autoRenew: false });
+    await etcd.delete().prefix(new KeyLayout(prefix, lease.key).base);
+    await expect(lease.renew()).rejects.toMatchObject({ code: 'LEASE_LOST', reason: 'not-held' });
+    expect(lease.signal.aborted).toBe(true);
+  });
+
+  it('a client passed in is used and left open', async () => {
+    const client = new Etcd3({ hosts: cluster.endpoints });
+    try {
+      const b = etcdBackend({ client, prefix, minTtlMs: 1_000 });
+      const l = new Locks({ backend: b });
+      const lease = await l.acquire(key('client'), { ttlMs: 1_000 });
+      expect(lease.token).toBeGreaterThan(0n);
+      await l.close();
+      expect((await client.get(`${prefix}nothing`).exec()).kvs).toEqual([]);
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe('etcd backend while etcd is down', () => {
+  let cluster: Cluster;
+  beforeAll(async () => {
+    cluster = await startCluster({ members: 1, heartbeatMs: 50, electionMs: 500 });
+  });
+  afterAll(async () => {
+    await cluster?.stop();
+  });
+
+  it('rejects with BackendUnavailableError, and works again once etcd is back', async () => {
+    const b = etcdBackend({ hosts: cluster.endpoints, requestTimeoutMs: 300, minTtlMs: 1_000 });
+    const locks = new Locks({ backend: b, operationTimeoutMs: 3_000 });
+    try {
+      const k = uniqueName('down');
+      await (await locks.acquire(k, { ttlMs: 1_000 })).release();
+      await cluster.members[0]!.kill();
+      const error = await b
+        .acquire({ key: k, owner: 'o', mode: 'exclusive', ttlMs: 1_000, lockDelayMs: 0, holder: 'h', queue: false, queueTtlMs: 2_000 })
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(BackendUnavailableError);
+      expect((error as BackendUnavailableError).retryable).toBe(true);
+      await expect(locks.tryAcquire(k, { ttlMs: 1_000 })).rejects.toBeInstanceOf(BackendUnavailableError);
+      cluster.members[0]!.start();
+      await cluster.waitHealthy();
+      const lease = await locks.acquire(k, { ttlMs: 1_000, waitMs: 10_000 });
+      expect(lease.held).toBe(true);
+    } finally {
+      await locks.close();
+    }
+  });
+});
