@@ -8,6 +8,7 @@
 //   Redis       LEASEHOLD_TEST_REDIS_URL  default redis://127.0.0.1:6379
 //   redis-server binary (tests start their own instances on other ports to kill and restart them)
 //   etcd binary (tests start their own members on their own ports)
+//   pgbouncer binary (tests start their own, in transaction mode, in front of PostgreSQL)
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
@@ -143,9 +144,21 @@ function findEtcd() {
   return bin;
 }
 
-const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd').split(',').map((s) => s.trim()).filter(Boolean));
+function findPgbouncer() {
+  let bin = process.env.LEASEHOLD_TEST_PGBOUNCER ?? which('pgbouncer') ?? (existsSync('/usr/sbin/pgbouncer') ? '/usr/sbin/pgbouncer' : undefined);
+  if (!bin) {
+    if (!aptInstall('pgbouncer')) fail('PgBouncer is needed: install it (apt-get install pgbouncer)');
+    bin = which('pgbouncer') ?? '/usr/sbin/pgbouncer';
+    // The package may start a system pgbouncer on 6432; the tests use their own ports, so it does no harm.
+  }
+  if (!existsSync(bin)) fail(`pgbouncer not found at ${bin}; install it (apt-get install pgbouncer) or set LEASEHOLD_TEST_PGBOUNCER`);
+  return bin;
+}
+
+const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer').split(',').map((s) => s.trim()).filter(Boolean));
 if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
 if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
 if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = findEtcd();
+if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = findPgbouncer();
 writeFileSync(new URL('../.test-env.json', import.meta.url), `${JSON.stringify(found, null, 2)}\n`);
 log(Object.entries(found).map(([k, v]) => `${k}=${v}`).join(' '));
