@@ -11,7 +11,8 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  *
  * - `memory:` — this process only
  * - `sqlite:PATH` — one machine, many processes (`sqlite:./leasehold.db`, `sqlite:/var/lib/app/locks.db`)
- * - `postgres://…` / `postgresql://…` — PostgreSQL (the URL is pg's connection string)
+ * - `postgres://…` / `postgresql://…` — PostgreSQL (pg's connection string; `?schema=…&table=…` choose
+ *   where the lease tables live, default `public.leasehold_locks`)
  * - `redis://…` / `rediss://…` — one Redis (the URL is ioredis's)
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
  * - `etcd://h1:p1,h2:p2` — an etcd cluster
@@ -30,8 +31,10 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       return async () => (await import('./sqlite/index.js')).sqliteBackend({ path });
     }
     case 'postgres':
-    case 'postgresql':
-      return async () => (await import('./postgres/index.js')).postgresBackend({ connectionString: url });
+    case 'postgresql': {
+      const { connectionString, schema, table } = postgresUrl(url);
+      return async () => (await import('./postgres/index.js')).postgresBackend({ connectionString, schema, table });
+    }
     case 'redis':
     case 'rediss':
       return async () => (await import('./redis/index.js')).redisBackend({ url });
@@ -75,4 +78,17 @@ function hostList(url: string, scheme: string): string[] {
 export function redact(url: string): string {
   const masked = url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^@/]*@/i, '$1***@');
   return masked.length > 80 ? `${masked.slice(0, 80)}…` : masked;
+}
+
+/** Takes leasehold's own `schema` and `table` parameters out of a PostgreSQL URL; the rest goes to pg. */
+function postgresUrl(url: string): { connectionString: string; schema?: string; table?: string } {
+  const q = url.indexOf('?');
+  if (q < 0) return { connectionString: url };
+  const params = new URLSearchParams(url.slice(q + 1));
+  const schema = params.get('schema') ?? undefined;
+  const table = params.get('table') ?? undefined;
+  params.delete('schema');
+  params.delete('table');
+  const rest = params.toString();
+  return { connectionString: url.slice(0, q) + (rest ? `?${rest}` : ''), schema, table };
 }

@@ -1,0 +1,70 @@
+// `leasehold run`, `ls` and `demo` with --url naming each server backend: the CLI is the same
+// program whatever coordinator it talks to.
+import pg from 'pg';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { PG_URL, uniqueName } from '../helpers/env.js';
+import { killAll, requireBuild, runCli, sandbox, startCli, type Sandbox } from './helpers.js';
+
+interface Target {
+  name: string;
+  url: () => string;
+  cleanup?: () => Promise<void>;
+}
+
+const pgSchema = uniqueName('lh_cli');
+const targets: Target[] = [
+  {
+    name: 'postgres',
+    url: () => `${PG_URL}${PG_URL.includes('?') ? '&' : '?'}schema=${pgSchema}`,
+    cleanup: async () => {
+      const admin = new pg.Client({ connectionString: PG_URL });
+      await admin.connect();
+      await admin.query(`DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`).finally(() => admin.end());
+    },
+  },
+];
+
+let sb: Sandbox;
+beforeAll(requireBuild);
+beforeEach(() => {
+  sb = sandbox();
+});
+afterEach(() => {
+  killAll();
+  sb.cleanup();
+});
+afterAll(async () => {
+  for (const t of targets) await t.cleanup?.();
+});
+
+for (const t of targets) {
+  describe(`CLI with --url ${t.name}`, () => {
+    const key = `cli-${t.name}-${process.pid}`;
+
+    it('run: the child gets the token; a second run while the first holds the key exits 75; ls shows the holder', async () => {
+      const holder = startCli(['run', key, '--url', t.url(), '--ttl', '5s', '--', process.execPath, '-e', 'console.log("token", process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 60_000)'], sb);
+      const token = (await holder.waitFor(/token (\d+)/))[1]!;
+      const busy = await runCli(['run', key, '--url', t.url(), '--', 'true'], sb);
+      expect(busy.code).toBe(75);
+      expect(busy.errLines).toHaveLength(1);
+      const ls = await runCli(['ls', key, '--url', t.url(), '--json'], sb);
+      expect(ls.code).toBe(0);
+      const states = JSON.parse(ls.stdout) as { key: string; holders: { token: string }[] }[];
+      expect(states[0]).toMatchObject({ key, holders: [{ token }] });
+      holder.child.kill('SIGTERM'); // forwarded to the child, which dies of it
+      expect((await holder.done).code).toBe(143);
+      const after = await runCli(['run', key, '--url', t.url(), '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)'], sb);
+      expect(after.code).toBe(0);
+      expect(BigInt(after.stdout.trim())).toBeGreaterThan(BigInt(token));
+    });
+
+    it('demo: the fence refuses the frozen worker whatever the coordinator', async () => {
+      const r = await runCli(['demo', '--ttl', '400ms', '--pause', '900ms', '--url', t.url()], sb, { timeoutMs: 120_000 });
+      expect(r.stderr).toBe('');
+      expect(r.code).toBe(0);
+      expect(r.stdout).toMatch(/verdict: LOST UPDATE/);
+      expect(r.stdout).toMatch(/REFUSED: StaleTokenError/);
+      expect(r.stdout).toMatch(/verdict: SAFE/);
+    });
+  });
+}
