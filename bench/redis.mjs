@@ -331,6 +331,7 @@ const cleanup = () => {
 };
 process.on('exit', cleanup);
 const admin = new Redis(url, { retryStrategy: (n) => (n > 50 ? null : 100) });
+admin.on('error', () => {}); // refused until the server we just started listens; ioredis retries
 await admin.ping();
 const version = /redis_version:(\S+)/.exec(await admin.info('server'))[1];
 
