@@ -13,6 +13,14 @@ const examples = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!)
 /** Shell examples of the CLI (`npx leasehold …` lines), run with the built bin. */
 const commands = [...readme.matchAll(/```sh\n([\s\S]*?)```/g)].flatMap((m) => m[1]!.split('\n').filter((line) => line.startsWith('npx leasehold ')));
 
+/** The examples name their servers the way users' apps do; point those names at the test servers. */
+const exampleEnv = {
+  ...process.env,
+  LEASEHOLD_URL: '',
+  DATABASE_URL: process.env.LEASEHOLD_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+  REDIS_URL: process.env.LEASEHOLD_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379',
+};
+
 describe('README', () => {
   it('has examples to run', () => {
     expect(examples.length).toBeGreaterThanOrEqual(2);
@@ -25,7 +33,7 @@ describe('README', () => {
       const dir = mkdtempSync(join(root, '.readme-run', 'ex-'));
       try {
         writeFileSync(join(dir, 'example.mjs'), code);
-        const out = execFileSync(process.execPath, ['example.mjs'], { cwd: dir, encoding: 'utf8', env: { ...process.env, LEASEHOLD_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
+        const out = execFileSync(process.execPath, ['example.mjs'], { cwd: dir, encoding: 'utf8', env: exampleEnv, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
         expect(out.length).toBeGreaterThan(0);
       } finally {
         rmSync(dir, { recursive: true, force: true });
