@@ -6,7 +6,7 @@ import { InvalidArgumentError } from '../core/errors.js';
 import { checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { KeyLayout, decodePart, encodePart, parseKey, rangeEnd } from './keys.js';
 import {
-  cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, readKvs, revoke, type EtcdClient,
+  cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient,
 } from './rpc.js';
 import { Wake, type WatchTarget } from './wake.js';
 
@@ -53,6 +53,15 @@ const MAX_ROUNDS = 4;
 const MAX_DELAY_GUARDS = 64;
 /** A queued request nobody asked about for this long is forgotten and its leases revoked (core asks every ~0.5 s). */
 const PENDING_FORGET_MS = 30_000;
+/**
+ * A write whose outcome is unknown (its answer timed out) may have taken effect. Writes that could
+ * leave a key held on a session lease nobody will release (a release, a cancelled wait, a grant to
+ * a caller that gave up) are followed up in the background until they are known to be done, for at
+ * most this long; after that, the session ending frees the key.
+ */
+const FOLLOW_UP_LIMIT_MS = 120_000;
+/** A non-queued acquire that failed with an unknown outcome is cleaned up if its caller has not asked again after this long. */
+const ABANDONED_AFTER_MS = 2_000;
 /** Extra second on lock-delay leases: covers the gap between refreshing a delay lease and its lock's lease (see `sessions`). */
 const DELAY_MARGIN_S = 1;
 
@@ -170,10 +179,10 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  * moment the leader applies the grant or keep-alive, which is after the client sent it; a new
  * leader extends every lease rather than shortening it.
  *
- * Every request has a deadline (`requestTimeoutMs`); the client built from `hosts` knows every
- * member and retries a failed request on another (etcd3's default policy: three attempts, a
- * member that failed three times in a row is skipped for 5 s). Errors become
- * `BackendUnavailableError` by error class and gRPC status, never by message text.
+ * Every request has a deadline (`requestTimeoutMs`, per attempt); the client built from `hosts`
+ * knows every member and tries a failed request on up to three of them (see `ownClientOptions` for
+ * why etcd3's default circuit breaker is not used). Errors become `BackendUnavailableError` by
+ * error class and gRPC status, never by message text.
  */
 export function etcdBackend(options: EtcdBackendOptions): Backend {
   const o = checkObject(options, 'options');
@@ -187,7 +196,7 @@ export function etcdBackend(options: EtcdBackendOptions): Backend {
   let ownsClient = false;
   if (o.hosts !== undefined) {
     const hosts = checkHosts(o.hosts);
-    client = new Etcd3({ hosts, dialTimeout: timeoutMs });
+    client = new Etcd3(ownClientOptions(hosts));
     ownsClient = true;
   } else {
     const c = o.client as EtcdClient;
@@ -210,6 +219,10 @@ class EtcdBackend implements Backend {
   readonly #pending = new Map<string, Pending>();
   readonly #wakes = new Map<string, Wake>();
   readonly #sessionTable = new Map<string, SessionRecord>();
+  /** Owners whose last (non-queued, session) acquire failed with an unknown outcome; see `#abandonLater`. */
+  readonly #uncertain = new Map<string, { cleanup?: Promise<void> }>();
+  readonly #timers = new Set<ReturnType<typeof setTimeout>>();
+  readonly #cancels = new Map<ReturnType<typeof setTimeout>, () => void>();
   #closed = false;
 
   constructor(client: EtcdClient, ownsClient: boolean, prefix: string, timeoutMs: number, minTtlMs: number) {
@@ -229,6 +242,13 @@ class EtcdBackend implements Backend {
 
   async acquire(req: AcquireRequest): Promise<AcquireResult> {
     this.#ensureOpen();
+    // The caller is back after a failed call: whatever happens now decides, but first let a
+    // clean-up of that call finish (it must not delete what this call finds granted).
+    const uncertain = this.#uncertain.get(req.owner);
+    if (uncertain) {
+      this.#uncertain.delete(req.owner);
+      await uncertain.cleanup;
+    }
     const now = performance.now();
     this.#forgetStale(now);
     const layout = new KeyLayout(this.#prefix, req.key);
@@ -307,7 +327,9 @@ class EtcdBackend implements Backend {
         this.#revokeLater(p.lockLease.id, p.delayLease);
         p.lockLease = undefined;
       }
-      throw mapError('acquire', error);
+      const mapped = mapError('acquire', error);
+      if (mapped.retryable && req.session !== undefined && !req.queue) this.#abandonLater(req);
+      throw mapped;
     }
   }
 
@@ -439,14 +461,20 @@ class EtcdBackend implements Backend {
     const layout = new KeyLayout(this.#prefix, req.key);
     const entryKey = layout.entry(req.mode, req.owner);
     this.#pending.delete(req.owner);
-    try {
-      // Only the holder's own entry, at its token (I4); its lock-delay marker goes in the same step (no delay after a release).
+    // Only the holder's own entry, at its token (I4); its lock-delay marker goes in the same step (no delay after a release).
+    const attempt = async (): Promise<void> => {
       const r = await this.#txn('release', [cmp.createdAt(entryKey, req.token)], [op.del(entryKey), op.del(layout.delay(req.owner))], []);
       if (!r.succeeded) return;
       const [entry, marker] = deletedKvs(r);
       if (entry && parseJson(entry).o === 1) this.#revokeLater(entry.lease, marker?.lease);
+    };
+    try {
+      await attempt();
     } catch (error) {
-      throw mapError('release', error);
+      const mapped = mapError('release', error);
+      // An entry on a session lease would outlive this failure as long as the session lives: keep trying.
+      if (mapped.retryable) this.#followUp(attempt);
+      throw mapped;
     }
   }
 
@@ -454,13 +482,80 @@ class EtcdBackend implements Backend {
     if (this.#closed) return;
     const p = this.#pending.get(owner);
     this.#pending.delete(owner);
-    const layout = new KeyLayout(this.#prefix, key);
+    if (p?.queueLease) this.#revokeLater(p.queueLease.id);
+    if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    const attempt = () => this.#deleteRequest(key, owner);
     try {
-      await this.#txn('cancel wait', [], [op.del(layout.entry('exclusive', owner)), op.del(layout.entry('shared', owner)), op.del(layout.delay(owner))], []);
-    } finally {
-      if (p?.queueLease) this.#revokeLater(p.queueLease.id);
-      if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+      await attempt();
+    } catch (error) {
+      const mapped = mapError('cancel wait', error);
+      // A grant that landed after the caller gave up may sit on its session lease: keep trying.
+      if (mapped.retryable) this.#followUp(attempt);
+      throw mapped;
     }
+  }
+
+  /** Deletes every key of one request (either mode, and its lock-delay marker): the keys are the owner's alone. */
+  async #deleteRequest(key: string, owner: string): Promise<void> {
+    const layout = new KeyLayout(this.#prefix, key);
+    await this.#txn('delete request', [], [op.del(layout.entry('exclusive', owner)), op.del(layout.entry('shared', owner)), op.del(layout.delay(owner))], []);
+  }
+
+  /**
+   * A non-queued acquire under a session failed after its transaction may have committed: the
+   * caller (a tryAcquire) has given up, so a grant would sit on the session lease, owned by
+   * nobody, as long as the session lives. Unless the caller asks again soon (core's fair:false
+   * waiting does), delete the request's keys.
+   */
+  #abandonLater(req: AcquireRequest): void {
+    const mark: { cleanup?: Promise<void> } = {};
+    this.#uncertain.set(req.owner, mark);
+    this.#later(ABANDONED_AFTER_MS, () => {
+      if (this.#uncertain.get(req.owner) !== mark) return; // the caller came back
+      mark.cleanup = this.#untilDone(() => this.#deleteRequest(req.key, req.owner)).finally(() => {
+        if (this.#uncertain.get(req.owner) === mark) this.#uncertain.delete(req.owner);
+      });
+    });
+  }
+
+  /** Runs an idempotent write again in the background until it succeeds (see FOLLOW_UP_LIMIT_MS). */
+  #followUp(attempt: () => Promise<void>): void {
+    void this.#untilDone(attempt, 100);
+  }
+
+  /** Tries `attempt` (now, or after `firstDelayMs`) and again with backoff while it fails with a retryable error. Never rejects. */
+  #untilDone(attempt: () => Promise<void>, firstDelayMs = 0): Promise<void> {
+    const started = performance.now();
+    return new Promise<void>((resolve) => {
+      const run = async (delay: number): Promise<void> => {
+        if (this.#closed) return resolve();
+        try {
+          await attempt();
+          resolve();
+        } catch (error) {
+          if (!mapError('follow-up', error).retryable || performance.now() - started > FOLLOW_UP_LIMIT_MS) return resolve();
+          this.#later(delay, () => void run(Math.min(Math.max(delay, 50) * 2, 2_000)), resolve);
+        }
+      };
+      if (firstDelayMs > 0) this.#later(firstDelayMs, () => void run(firstDelayMs), resolve);
+      else void run(100);
+    });
+  }
+
+  /** An unref'd timer that `close()` cancels (calling `onCancel`). */
+  #later(ms: number, fn: () => void, onCancel?: () => void): void {
+    if (this.#closed) {
+      onCancel?.();
+      return;
+    }
+    const timer = setTimeout(() => {
+      this.#timers.delete(timer);
+      this.#cancels.delete(timer);
+      fn();
+    }, ms);
+    timer.unref();
+    this.#timers.add(timer);
+    if (onCancel) this.#cancels.set(timer, onCancel);
   }
 
   // ---- wake-ups --------------------------------------------------------------------------------
@@ -606,6 +701,10 @@ class EtcdBackend implements Backend {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    for (const timer of this.#timers) clearTimeout(timer);
+    this.#timers.clear();
+    for (const cancel of this.#cancels.values()) cancel();
+    this.#cancels.clear();
     for (const wake of this.#wakes.values()) wake.close();
     this.#wakes.clear();
     const leases: string[] = [];

@@ -3,17 +3,60 @@
  * leasehold's (by error class and gRPC status code, never by message text).
  */
 import {
-  ClientClosedError, EtcdLeaseInvalidError, GRPCInvalidArgumentError, GRPCOutOfRangeError, castGrpcError,
-  type Etcd3, type ICompare, type IKeyValue, type IRequestOp, type ITxnResponse,
+  ClientClosedError, EtcdLeaseInvalidError, GRPCInvalidArgumentError, GRPCOutOfRangeError, castGrpcError, isRecoverableError,
+  type Etcd3, type ICompare, type IKeyValue, type IOptions, type IRequestOp, type ITxnResponse,
 } from 'etcd3';
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 
 /** What the backend uses of an `Etcd3` client (a root client, not a namespace: use the `prefix` option instead). */
 export type EtcdClient = Pick<Etcd3, 'kv' | 'leaseClient' | 'watch'>;
 
-/** A gRPC deadline `ms` from now (gRPC takes wall-clock deadlines; this is the only use of Date.now here). */
-export function deadline(ms: number): { deadline: number } {
-  return { deadline: Date.now() + ms };
+/**
+ * Call options with a deadline `ms` after each attempt starts. etcd3 retries a failed call on
+ * another member with the same options object; a getter gives every attempt its own deadline
+ * (a fixed one would already have passed). gRPC takes wall-clock deadlines: the only Date.now here.
+ */
+export function deadline(ms: number): { readonly deadline: number } {
+  return {
+    get deadline() {
+      return Date.now() + ms;
+    },
+  };
+}
+
+/** Attempts of one call, each on the next member (in a random order per call). */
+const ATTEMPTS = 3;
+type FaultHandling = NonNullable<IOptions['faultHandling']>;
+type Policy = NonNullable<FaultHandling['global']>;
+type Backoff = NonNullable<FaultHandling['watchBackoff']>;
+
+/**
+ * Options of the client the backend builds from `hosts`. Fault handling differs from etcd3's
+ * defaults on purpose: etcd3 opens a member's circuit breaker for 5 s after three failures in a
+ * row, and during a leader election every member fails a few requests (deadline, no leader), so
+ * all breakers open together and every request is refused for 5 s after the election is over
+ * (seen in the failover test). Here a call simply tries up to three members, each attempt with its
+ * own deadline; a dead member refuses connections at once, so trying it costs nothing. Watch
+ * streams reconnect after 50 ms, doubling up to 1 s (etcd3: up to 30 s), since core's wake-ups
+ * ride on them. (etcd3 calls only `execute` on policies and `duration`/`next` on backoffs.)
+ */
+export function ownClientOptions(hosts: string[]): IOptions {
+  const run = <T>(fn: (context: { signal: AbortSignal }) => PromiseLike<T> | T): Promise<T> =>
+    Promise.resolve().then(() => fn({ signal: new AbortController().signal }));
+  const passThrough = { execute: run } as unknown as Policy;
+  const retry = {
+    async execute<T>(fn: (context: { signal: AbortSignal }) => PromiseLike<T> | T): Promise<T> {
+      for (let attempt = 1; ; attempt++) {
+        try {
+          return await run(fn);
+        } catch (error) {
+          if (attempt >= ATTEMPTS || !(typeof error === 'object' && error !== null && isRecoverableError(error as Error))) throw error;
+        }
+      }
+    },
+  } as unknown as Policy;
+  const backoff = (ms: number): Backoff => ({ duration: ms, next: () => backoff(Math.min(ms * 2, 1_000)) }) as unknown as Backoff;
+  return { hosts, faultHandling: { host: () => passThrough, global: retry, watchBackoff: backoff(50) } };
 }
 
 const b = (s: string): Buffer => Buffer.from(s);
@@ -62,7 +105,19 @@ export function deletedKvs(response: ITxnResponse): IKeyValue[] {
  * Resolves with each id's new TTL in seconds (0: the lease is gone).
  */
 export async function keepAliveOnce(client: EtcdClient, ids: readonly string[], timeoutMs: number): Promise<Map<string, number>> {
-  const stream = await client.leaseClient.leaseKeepAlive(deadline(timeoutMs));
+  // Each attempt opens its stream on a member picked at random: a dead member fails at once, and
+  // the next attempt goes elsewhere (a keep-alive is idempotent).
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await keepAliveStream(client, ids, timeoutMs);
+    } catch (error) {
+      if (attempt >= ATTEMPTS || !(error instanceof Error && isRecoverableError(error))) throw error;
+    }
+  }
+}
+
+async function keepAliveStream(client: EtcdClient, ids: readonly string[], timeoutMs: number): Promise<Map<string, number>> {
+  const stream = await client.leaseClient.leaseKeepAlive({ deadline: Date.now() + timeoutMs });
   return new Promise<Map<string, number>>((resolve, reject) => {
     const ttls = new Map<string, number>();
     let settled = false;
