@@ -449,8 +449,9 @@ class Worker {
 /**
  * Waits until the kernel reports the worker stopped (state T in /proc/PID/stat), so its go-ahead
  * byte cannot be read before the freeze. Without /proc (not Linux), waits a moment instead.
+ * Shared with `leasehold verify`, whose pause nemesis freezes its workers the same way.
  */
-async function waitUntilStopped(worker: Worker): Promise<void> {
+export async function waitUntilStopped(worker: { readonly pid: number | undefined; readonly role: string }): Promise<void> {
   const deadline = performance.now() + 5_000;
   for (;;) {
     let state: string | undefined;
@@ -467,7 +468,7 @@ async function waitUntilStopped(worker: Worker): Promise<void> {
   }
 }
 
-function sleep(ms: number): Promise<void> {
+export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
 

@@ -5,6 +5,7 @@
  * - `leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
  * - `leasehold ls [PREFIX] [--url URL] [--json]`
  * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]`
+ * - `leasehold verify --url URL [--fence KIND] [--workers 3] [--duration 30s] [--ttl 1s] [--seed S] [--nemesis LIST] [--no-fence] [--report DIR]`
  *
  * Every expected failure is one line on stderr (`leasehold: …`) and an exit code from
  * {@link EXIT}; bad arguments add a `usage:` line and exit 64. Set LEASEHOLD_DEBUG=1 to see the
@@ -20,12 +21,18 @@ import { formatDuration, parseDuration } from './duration.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
 import { listLeases } from './ls.js';
 import { runCommand } from './run.js';
+import { runVerify } from '../verify/harness.js';
+import { MAX_SEED } from '../verify/random.js';
+import { NEMESES, type NemesisKind } from '../verify/schedule.js';
+import { STORE_KINDS, type StoreKind } from '../verify/store.js';
 
 const USAGE = Object.freeze({
-  program: 'leasehold <run|ls|demo> [options]   (leasehold --help)',
+  program: 'leasehold <run|ls|demo|verify> [options]   (leasehold --help)',
   run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
   ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
   demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]',
+  verify:
+    'leasehold verify --url URL [--fence sqlite|postgres|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--report DIR]',
 });
 
 /** Thrown by commander's exit hook instead of exiting: what it would have exited with, and for which command. */
@@ -151,7 +158,71 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       ),
     );
 
+  guard(program.command('verify'), USAGE.verify)
+    .summary('check leases and fences under faults: real workers, pauses, delays, crashes, skewed clocks')
+    .description(
+      'Runs --workers real processes that loop acquire -> work -> write -> release on one key of the coordinator at --url, ' +
+        'each write a read-modify-write of a counter plus a log row, through the fence. Meanwhile the nemesis freezes lease holders ' +
+        '(pause: SIGSTOP past the ttl), holds their requests in a TCP proxy past their lease (delay), kills and restarts the coordinator ' +
+        '(crash: only one verify started, --url local:redis|local:postgres|local:etcd) and skews their clocks (clock), on a schedule ' +
+        'fixed by --seed. Then it checks the history: tokens unique and increasing, accepted tokens never decrease, no lost update, ' +
+        'loss signalled in time (I6). --no-fence is the control run: it must fail.\n\n' +
+        'Exits 0 when every check passed, 1 when one failed, 69 when the coordinator or the store cannot be reached, 64 for bad arguments.',
+    )
+    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, or local:redis|local:postgres|local:etcd|local:sqlite (started by verify)'))
+    .addOption(new Option('--fence <kind>', 'where the protected resource lives (default: the coordinator\'s kind when it has a fence, else sqlite)').choices([...STORE_KINDS]))
+    .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
+    .addOption(new Option('--fence-url <url>', 'the server of the resource for --fence postgres|redis (default: the coordinator\'s URL when it is of that kind)'))
+    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption('--workers', 1, 1_000)))
+    .addOption(new Option('--duration <duration>', 'how long the workload runs').default(30_000, '30s').argParser(durationOption('--duration')))
+    .addOption(new Option('--ttl <duration>', 'lease ttl (the coordinator may round it up)').default(1_000, '1s').argParser(durationOption('--ttl')))
+    .addOption(new Option('--work <duration>', 'time in the critical section before each write (default: ttl/5)').argParser(durationOption('--work')))
+    .addOption(new Option('--seed <n>', `seed of the fault schedule, 0…${MAX_SEED} (default: random, printed)`).argParser(integerOption('--seed', 0, MAX_SEED)))
+    .addOption(new Option('--nemesis <list>', `faults to inject, comma-separated, or none`).default([...NEMESES], NEMESES.join(',')).argParser(nemesisOption))
+    .option('--report <dir>', 'write history.jsonl and timeline.svg into DIR')
+    .action(
+      action(USAGE.verify, async (opts: { url?: string; fence?: StoreKind | false; fenceUrl?: string; workers: number; duration: number; ttl: number; work?: number; seed?: number; nemesis: NemesisKind[]; report?: string }) => {
+        const url = opts.url ?? (process.env.LEASEHOLD_URL || undefined);
+        if (url === undefined) throw usageError('--url is required (or set LEASEHOLD_URL): the coordinator to verify, e.g. --url local:redis or --url sqlite:./locks.db', USAGE.verify);
+        if (opts.fence === false && opts.fenceUrl !== undefined) throw usageError('--no-fence and --fence-url do not go together', USAGE.verify);
+        return runVerify(
+          {
+            url,
+            fence: opts.fence === false ? undefined : opts.fence,
+            fenceUrl: opts.fenceUrl,
+            workers: opts.workers,
+            durationMs: opts.duration,
+            ttlMs: opts.ttl,
+            workMs: opts.work,
+            seed: opts.seed,
+            nemeses: opts.nemesis,
+            fenced: opts.fence !== false,
+            reportDir: opts.report,
+          },
+          process.stdout,
+          USAGE.verify,
+        );
+      }),
+    );
+
   return program;
+}
+
+/** A commander option parser for an integer in [min, max]. */
+function integerOption(flag: string, min: number, max: number): (value: string) => number {
+  return (value) => {
+    if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max) throw new CommanderArgumentError(`expected an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
+    return Number(value);
+  };
+}
+
+/** `--nemesis pause,clock` (or `none`): a list of known nemesis names. */
+function nemesisOption(value: string): NemesisKind[] {
+  if (value.trim().toLowerCase() === 'none') return [];
+  const names = value.split(',').map((s) => s.trim().toLowerCase()).filter((s) => s.length > 0);
+  const unknown = names.filter((n) => !(NEMESES as readonly string[]).includes(n));
+  if (names.length === 0 || unknown.length > 0) throw new CommanderArgumentError(`expected a comma-separated list of ${NEMESES.join(', ')} (or none), got ${JSON.stringify(value)}`);
+  return [...new Set(names)] as NemesisKind[];
 }
 
 /** Parses `argv` (without node and script), runs the subcommand, and resolves with the exit code. */

@@ -1,0 +1,210 @@
+/**
+ * A worker process of `leasehold verify` (started by the harness with `fork`, never by hand). It
+ * loops — acquire → work → write → release — on one key and one resource, and reports every step
+ * as a history event over IPC, stamped with the run's monotonic time (see protocol.ts).
+ *
+ * The write deliberately does not look at `lease.signal` first: every late write reaches the
+ * resource, which is the worst case for the fence and the case the control run must lose.
+ *
+ * - fenced: `store.fencedIncrement` — the fence checks the token, and the counter is read,
+ *   incremented and appended to the log inside the fence's transaction.
+ * - control (`--no-fence`): the counter is read right after acquiring; after the work the worker
+ *   stores value + 1 and appends its row, trusting its lock.
+ *
+ * Besides the loop it runs a 10 ms event-loop monitor. When `lease.signal` aborts, the `lost`
+ * event says whether the loop ran a timer due after the lease's validity deadline before the
+ * signal: if not, the process was not running (frozen or stalled) from the deadline until the
+ * signal, and a late signal is the expected "learns it as soon as it runs again" (I6).
+ */
+import { LeaseLostError, StaleTokenError } from '../core/errors.js';
+import type { Lease } from '../core/lease.js';
+import { createLocks } from '../index.js';
+import { adjustableClock } from './clock.js';
+import { runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
+import { openWorkerStore } from './store.js';
+
+/** Period of the event-loop monitor. */
+const MONITOR_MS = 10;
+/** Monitor ticks kept, in ms of history (a freeze longer than this still reads as "not running"). */
+const MONITOR_WINDOW_MS = 60_000;
+/** A tick counts as "due after the deadline" only beyond this margin (timer granularity). */
+const DUE_MARGIN_MS = 3;
+
+type Omitted<E> = E extends unknown ? Omit<E, 't' | 'w'> : never;
+
+function describeError(error: unknown): string {
+  if (error instanceof Error) return `${error.name}: ${error.message}`.replace(/\s+/g, ' ').slice(0, 300);
+  return String(error).slice(0, 300);
+}
+
+async function main(): Promise<void> {
+  const config = JSON.parse(process.argv[2] ?? '') as WorkerConfig;
+  /** Time 0 of the history, given by the harness with `start`; events before it are stamped 0. */
+  let origin: bigint | undefined;
+  const w = config.index;
+  const now = (): number => (origin === undefined ? 0 : runTime(origin));
+  const emit = (e: Omitted<WorkerEvent>): void => {
+    if (process.connected) process.send!({ ...e, t: now(), w });
+  };
+  const flush = (): Promise<void> =>
+    new Promise((resolve) => {
+      if (!process.connected) return resolve();
+      process.send!({ type: 'finished', t: now(), w } satisfies WorkerEvent, undefined, undefined, () => resolve());
+    });
+  // The harness is gone: so are we.
+  process.on('disconnect', () => process.exit(1));
+
+  const fail = (error: unknown): void => {
+    emit({ type: 'failed', error: describeError(error) });
+    setTimeout(() => process.exit(1), 100);
+  };
+
+  // The event-loop monitor: when each tick was due, and when it ran.
+  const ticks: { due: number; ran: number }[] = [];
+  let lastRan = now();
+  const monitor = setInterval(() => {
+    const ran = now();
+    ticks.push({ due: lastRan + MONITOR_MS, ran });
+    lastRan = ran;
+    while (ticks.length > 0 && ticks[0]!.ran < ran - MONITOR_WINDOW_MS) ticks.shift();
+  }, MONITOR_MS);
+  monitor.unref();
+  const ranAfter = (deadline: number, until: number): boolean => ticks.some((k) => k.due > deadline + DUE_MARGIN_MS && k.ran <= until);
+
+  const clock = adjustableClock(config.clock);
+  const locks = createLocks({ url: config.leaseUrl, clock, holderName: `verify w${w} (pid ${process.pid})`, driftFactor: config.driftFactor });
+  const store = await openWorkerStore(config.store);
+  const stop = new AbortController();
+  let current: { lease: Lease; due: number | null } | undefined;
+
+  /**
+   * When the lease's local validity runs out, in run time, at the clock's current rate. The time
+   * is read before the remaining validity: a freeze between the two reads can only make the
+   * result earlier than the truth, never later (the checker then judges more leniently, never
+   * raises a false alarm).
+   */
+  const deadline = (lease: Lease): number => {
+    const t = now();
+    return Math.round((t + lease.remainingMs() / clock.rate) * 100) / 100;
+  };
+  /** Reports the current lease's deadline after a renewal or a rate change. */
+  const reportValidity = (): void => {
+    if (!current || !current.lease.held) return;
+    const until = deadline(current.lease);
+    current.due = until;
+    emit({ type: 'validity', token: current.lease.token.toString(), until });
+  };
+  locks.on('renewed', (e) => {
+    if (current && e.token === current.lease.token && e.key === current.lease.key) reportValidity();
+  });
+
+  const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+  const loop = async (): Promise<void> => {
+    for (let n = 1; !stop.signal.aborted; n++) {
+      const op = `w${w}.${n}`;
+      emit({ type: 'acquire', op });
+      let lease: Lease;
+      try {
+        lease = await locks.acquire(config.key, { ttlMs: config.ttlMs, waitMs: config.waitMs, signal: stop.signal });
+      } catch (error) {
+        if (stop.signal.aborted) break;
+        emit({ type: 'acquire-failed', op, error: describeError(error) });
+        await sleep(Math.min(100, config.ttlMs / 4));
+        continue;
+      }
+      const token = lease.token.toString();
+      // The deadline first: the harness reacts to `granted` at once (a pause may land right after it).
+      const entry = { lease, due: deadline(lease) as number | null };
+      current = entry;
+      emit({ type: 'granted', op, token, ttlMs: lease.ttlMs });
+      emit({ type: 'validity', token, until: entry.due! });
+      lease.signal.addEventListener('abort', () => {
+        const at = now();
+        const reason = lease.signal.reason instanceof LeaseLostError ? lease.signal.reason.reason : 'unknown';
+        emit({ type: 'lost', token, reason, due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) });
+      }, { once: true });
+
+      let read = 0;
+      let readOk = true;
+      if (!config.fenced) {
+        try {
+          read = await store.read(config.resource);
+          emit({ type: 'read', op, value: read });
+        } catch (error) {
+          emit({ type: 'read-failed', op, error: describeError(error) });
+          readOk = false;
+        }
+      }
+      if (readOk) {
+        await sleep(config.workMs); // the work; a pause or a delay lands here
+        emit({ type: 'write', op, token });
+        try {
+          if (config.fenced) {
+            const value = await store.fencedIncrement(config.resource, lease.token, { w, op });
+            emit({ type: 'accepted', op, token, ...(value === undefined ? {} : { value }) });
+          } else {
+            await store.plainWrite(config.resource, read + 1, { w, op, token: lease.token });
+            emit({ type: 'accepted', op, token, value: read + 1 });
+          }
+        } catch (error) {
+          if (error instanceof StaleTokenError) emit({ type: 'refused', op, token, highest: error.highest.toString() });
+          else emit({ type: 'write-failed', op, token, error: describeError(error) });
+        }
+      }
+      if (!lease.held && !lease.signal.aborted) {
+        // Validity ran out (a pause ended in this very turn of the event loop) and the overdue
+        // validity timer has not run yet: say so, since release() will keep the signal from firing.
+        const at = now();
+        emit({ type: 'release', op, token, expired: { due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) } });
+      } else emit({ type: 'release', op, token });
+      try {
+        await lease.release();
+        emit({ type: 'released', op, token });
+      } catch (error) {
+        emit({ type: 'released', op, token, error: describeError(error) });
+      }
+      current = undefined;
+    }
+  };
+
+  let running: Promise<void> | undefined;
+  let finishing: Promise<void> | undefined;
+  const finish = async (): Promise<void> => {
+    stop.abort();
+    await running?.catch(fail);
+    await locks.close().catch(() => {});
+    await store.close().catch(() => {});
+    clearInterval(monitor);
+    await flush();
+    process.exit(0);
+  };
+
+  process.on('message', (command: WorkerCommand) => {
+    switch (command.cmd) {
+      case 'start':
+        if (running) return;
+        origin = BigInt(command.originNs);
+        lastRan = now();
+        emit({ type: 'clock', rate: clock.rate, offsetMs: clock.offsetMs });
+        running = loop();
+        running.catch(fail);
+        return;
+      case 'clock':
+        clock.setRate(command.rate);
+        emit({ type: 'clock', rate: command.rate, offsetMs: clock.offsetMs });
+        reportValidity();
+        return;
+      case 'stop':
+        finishing ??= finish().catch(fail);
+        return;
+    }
+  });
+  emit({ type: 'ready', pid: process.pid });
+}
+
+main().catch((error: unknown) => {
+  // Before the loop started (a bad config, a store that cannot be opened): t is 0, w unknown.
+  if (process.connected) process.send!({ type: 'failed', t: 0, w: 0, error: describeError(error) } satisfies WorkerEvent);
+  setTimeout(() => process.exit(1), 100);
+});

@@ -1,0 +1,104 @@
+// Runs `leasehold verify` as a real process (the built dist/), in a CLI sandbox, and makes sure
+// nothing it started outlives a test: every process of a run carries a marker in its environment
+// (inherited by the workers and by the servers verify starts), and `leftovers` finds them in /proc.
+import { randomBytes } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { expect } from 'vitest';
+import type { HistoryEvent } from '../../src/verify/protocol.js';
+import { runCli, type Finished, type Sandbox } from '../cli/helpers.js';
+import { checkXml } from './xml.js';
+
+const MARKER = 'LEASEHOLD_VERIFY_TEST_RUN';
+
+export interface VerifyRun extends Finished {
+  marker: string;
+  /** `check -> PASS|FAIL` from the summary table. */
+  verdicts: Record<string, string>;
+  /** The `schedule` lines printed at the start. */
+  schedule: string[];
+  /** `faults` line of the table. */
+  faults: string;
+}
+
+/** Runs `leasehold verify …args`; generous timeout (a loaded 2-core machine). */
+export async function verify(args: readonly string[], sb: Sandbox, timeoutMs = 120_000): Promise<VerifyRun> {
+  const marker = randomBytes(6).toString('hex');
+  const r = await runCli(['verify', ...args], sb, { env: { [MARKER]: marker }, timeoutMs });
+  const verdicts: Record<string, string> = {};
+  for (const m of r.stdout.matchAll(/^ {2}(grants|fence|no lost update|I6|run)\b.*?\s(PASS|FAIL)\s/gm)) verdicts[m[1]!] = m[2]!;
+  const lines = r.stdout.split('\n');
+  const faults = lines.find((l) => l.startsWith('  faults')) ?? '';
+  return { ...r, marker, verdicts, schedule: scheduleLines(lines), faults };
+}
+
+/** The `schedule` line and its continuation lines. */
+function scheduleLines(lines: string[]): string[] {
+  const first = lines.findIndex((l) => l.startsWith('  schedule'));
+  if (first < 0) return [];
+  const out = [lines[first]!];
+  for (let i = first + 1; i < lines.length && /^ {15}\S/.test(lines[i]!); i++) out.push(lines[i]!);
+  return out;
+}
+
+/** Processes still alive that a run with this marker started (workers, servers). */
+export function leftovers(marker: string): number[] {
+  const found: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const env = readFileSync(`/proc/${entry}/environ`, 'latin1');
+      if (env.includes(`${MARKER}=${marker}`)) found.push(Number(entry));
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return found;
+}
+
+/** Kills what a run left behind (SIGCONT first: a frozen process dies only once it runs). */
+export function killLeftovers(marker: string): void {
+  for (const pid of leftovers(marker)) {
+    try {
+      process.kill(pid, 'SIGCONT');
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+}
+
+/** A line of the summary table for a nemesis: `pause 3`, `crash n/a (…)`. */
+export function faultCount(run: VerifyRun, kind: string): number | 'n/a' {
+  const m = new RegExp(`\\b${kind} (n/a|\\d+)`).exec(run.faults);
+  expect(m, `${kind} in: ${run.faults}`).not.toBeNull();
+  return m![1] === 'n/a' ? 'n/a' : Number(m![1]);
+}
+
+/** Asserts a passing run: exit 0, every check PASS, nothing left running, no temp dirs left. */
+export function expectPass(run: VerifyRun, sb: Sandbox): void {
+  const context = `stdout:\n${run.stdout}\nstderr:\n${run.stderr}`;
+  expect(run.code, context).toBe(0);
+  expect(run.verdicts, context).toEqual({ grants: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'PASS' });
+  expect(run.stdout).toContain('verdict: PASS (every check passed)');
+  expectClean(run, sb);
+}
+
+export function expectClean(run: VerifyRun, sb: Sandbox): void {
+  expect(leftovers(run.marker), 'processes left running').toEqual([]);
+  expect(readdirSync(sb.dir).filter((n) => n.startsWith('leasehold-verify-')), 'temporary directories left').toEqual([]);
+}
+
+/** Reads a report directory: the history lines, and the SVG checked for well-formedness and lanes. */
+export function readReport(dir: string, workers: number): { header: Record<string, unknown>; events: HistoryEvent[]; tail: Record<string, unknown>[] } {
+  const lines = readFileSync(join(dir, 'history.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  expect(lines[0]!.type).toBe('run');
+  const tail = lines.filter((l) => l.type === 'final' || l.type === 'check');
+  const events = lines.slice(1).filter((l) => l.type !== 'final' && l.type !== 'check') as unknown as HistoryEvent[];
+  expect(existsSync(join(dir, 'timeline.svg'))).toBe(true);
+  const { problems, elements } = checkXml(readFileSync(join(dir, 'timeline.svg'), 'utf8'));
+  expect(problems).toEqual([]);
+  const lanes = elements.filter((e) => e.name === 'g' && e.attributes.class === 'lane').map((e) => e.attributes['data-worker']);
+  expect(lanes).toEqual(Array.from({ length: workers }, (_, i) => String(i + 1)));
+  return { header: lines[0]!, events, tail };
+}
