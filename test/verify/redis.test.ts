@@ -1,0 +1,70 @@
+// `leasehold verify` against Redis: the shared test server as a user's own deployment (crash is
+// not applicable there), and local:redis, which verify starts itself without persistence and
+// crashes. The resource is a Redis counter and list behind redisFence; with local:redis it lives
+// on a second server of its own that is never crashed.
+import { Redis } from 'ioredis';
+import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { killAll, requireBuild, sandbox, type Sandbox } from '../cli/helpers.js';
+import { freePort } from '../../src/verify/local.js';
+import { REDIS_URL } from '../redis/servers.js';
+import { expectClean, expectPass, faultCount, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import { join } from 'node:path';
+
+let sb: Sandbox;
+const runs: VerifyRun[] = [];
+
+beforeAll(requireBuild);
+beforeEach(() => {
+  sb = sandbox();
+});
+afterEach(() => {
+  killAll();
+  for (const r of runs.splice(0)) killLeftovers(r.marker);
+  sb.cleanup();
+});
+
+function runId(r: VerifyRun): string {
+  return /run ([0-9a-f]{8}),/.exec(r.stdout)![1]!;
+}
+
+describe('leasehold verify on Redis', () => {
+  it('your own Redis (the shared server): passes with pause, delay and clock; crash is not applicable; the resource keys are removed', async () => {
+    const r = await verify(['--url', REDIS_URL, '--duration', '5s', '--ttl', '400ms', '--seed', '31'], sb);
+    runs.push(r);
+    expectPass(r, sb);
+    expect(r.stdout).toMatch(/resource {5}redis: redis:\/\/127\.0\.0\.1:\d+; writes through the fence \(redisFence\)/);
+    expect(faultCount(r, 'crash')).toBe('n/a');
+    expect(r.faults).toContain('crash n/a (verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd)');
+    expect(faultCount(r, 'pause')).toBeGreaterThanOrEqual(1);
+    expect(faultCount(r, 'delay')).toBeGreaterThanOrEqual(1);
+    const client = new Redis(REDIS_URL);
+    try {
+      expect(await client.keys(`leasehold-verify:*${runId(r)}*`)).toEqual([]);
+    } finally {
+      client.disconnect();
+    }
+  }, 120_000);
+
+  it('local:redis: passes under every nemesis, crashes included, and the timeline shows it', async () => {
+    const report = join(sb.dir, 'report');
+    const r = await verify(['--url', 'local:redis', '--duration', '7s', '--ttl', '400ms', '--seed', '7', '--report', report], sb);
+    runs.push(r);
+    expectPass(r, sb);
+    expect(r.stdout).toMatch(/coordinator {2}local:redis \(redis-server :\d+, started by verify; no persistence\)/);
+    for (const kind of ['pause', 'delay', 'crash'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);
+    expect(r.stdout).toMatch(/crash {3}redis-server :\d+ killed; restarting in/);
+    expect(r.stdout).toMatch(/restart redis-server :\d+ is back/);
+    const { events } = readReport(report, 3);
+    expect(events.some((e) => e.type === 'delay-end' && e.heldBytes > 0)).toBe(true);
+    expect(events.some((e) => e.type === 'restart' && e.error === undefined)).toBe(true);
+  }, 120_000);
+
+  it('a coordinator that cannot be reached exits 69 and starts nothing', async () => {
+    const port = await freePort();
+    const r = await verify(['--url', `redis://127.0.0.1:${port}`, '--duration', '2s', '--ttl', '300ms'], sb);
+    runs.push(r);
+    expect(r.code, r.stderr).toBe(69);
+    expect(r.errLines[0]).toMatch(/^leasehold: coordinator redis:\/\/127\.0\.0\.1:\d+ unavailable: /);
+    expectClean(r, sb);
+  }, 60_000);
+});
