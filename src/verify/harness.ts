@@ -201,6 +201,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
   const servers: LocalServer[] = [];
   const proxies = new Map<number, DelayProxy[]>();
   let admin: AdminStore | undefined;
+  let storeIsLocal = false;
   let nemesis: Nemesis | undefined;
   let progress: ReturnType<typeof setInterval> | undefined;
   let cleaned: Promise<void> | undefined;
@@ -209,14 +210,16 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     (cleaned ??= (async () => {
       if (progress) clearInterval(progress);
       for (const w of workers) w.kill();
-      await nemesis?.stop().catch(() => {});
-      await Promise.all(workers.map((w) => w.exited));
       if (admin) {
-        await admin.cleanup(resource).catch(() => {});
+        // What the run wrote into a user's store is deleted; a store verify started goes with its directory.
+        if (!storeIsLocal) await admin.cleanup(resource).catch(() => {});
         await admin.close().catch(() => {});
       }
-      for (const list of proxies.values()) await Promise.all(list.map((x) => x.close()));
+      // Servers before the nemesis: healing on its way out must not restart a coordinator being stopped.
       await Promise.all(servers.map((s) => s.stop().catch(() => {})));
+      await nemesis?.stop().catch(() => {});
+      await Promise.all(workers.map((w) => w.exited));
+      for (const list of proxies.values()) await Promise.all(list.map((x) => x.close()));
       rmSync(dir, { recursive: true, force: true });
     })());
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -243,6 +246,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       coordinatorUrl = coordinator.url;
     }
     let storeLocation: string;
+    storeIsLocal = p.fenceUrl === undefined;
     if (p.fence === 'sqlite') storeLocation = join(dir, 'resource.db');
     else if (p.fenceUrl !== undefined) storeLocation = p.fenceUrl;
     else if (p.fence === 'redis') {

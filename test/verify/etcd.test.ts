@@ -15,7 +15,7 @@ beforeEach(() => {
 });
 afterEach(() => {
   killAll();
-  for (const r of runs.splice(0)) killLeftovers(r.marker);
+  for (const r of runs.splice(0)) killLeftovers(r.marker, sb.dir);
   sb.cleanup();
 });
 

@@ -1,8 +1,10 @@
 // Runs `leasehold verify` as a real process (the built dist/), in a CLI sandbox, and makes sure
-// nothing it started outlives a test: every process of a run carries a marker in its environment
-// (inherited by the workers and by the servers verify starts), and `leftovers` finds them in /proc.
+// nothing it started outlives a test. `leftovers` finds a run's processes in /proc: by a marker in
+// their environment (the command and its workers inherit it), or by a working directory inside the
+// sandbox (the servers verify starts run in its run directory; redis-server and postgres rewrite
+// their environment area for their process titles, so the marker cannot be read there).
 import { randomBytes } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect } from 'vitest';
 import type { HistoryEvent } from '../../src/verify/protocol.js';
@@ -41,14 +43,15 @@ function scheduleLines(lines: string[]): string[] {
   return out;
 }
 
-/** Processes still alive that a run with this marker started (workers, servers). */
-export function leftovers(marker: string): number[] {
+/** Processes still alive that a run started: marked with `marker`, or working inside `dir`. */
+export function leftovers(marker: string, dir: string): number[] {
   const found: number[] = [];
   for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
     try {
       const env = readFileSync(`/proc/${entry}/environ`, 'latin1');
       if (env.includes(`${MARKER}=${marker}`)) found.push(Number(entry));
+      else if (`${readlinkSync(`/proc/${entry}/cwd`)}/`.startsWith(`${dir}/`)) found.push(Number(entry));
     } catch {
       // gone, or not ours to read
     }
@@ -57,8 +60,8 @@ export function leftovers(marker: string): number[] {
 }
 
 /** Kills what a run left behind (SIGCONT first: a frozen process dies only once it runs). */
-export function killLeftovers(marker: string): void {
-  for (const pid of leftovers(marker)) {
+export function killLeftovers(marker: string, dir: string): void {
+  for (const pid of leftovers(marker, dir)) {
     try {
       process.kill(pid, 'SIGCONT');
       process.kill(pid, 'SIGKILL');
@@ -85,7 +88,7 @@ export function expectPass(run: VerifyRun, sb: Sandbox): void {
 }
 
 export function expectClean(run: VerifyRun, sb: Sandbox): void {
-  expect(leftovers(run.marker), 'processes left running').toEqual([]);
+  expect(leftovers(run.marker, sb.dir), 'processes left running').toEqual([]);
   expect(readdirSync(sb.dir).filter((n) => n.startsWith('leasehold-verify-')), 'temporary directories left').toEqual([]);
 }
 

@@ -4,10 +4,11 @@
 // on a second server of its own that is never crashed.
 import { Redis } from 'ioredis';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { killAll, requireBuild, sandbox, type Sandbox } from '../cli/helpers.js';
+import { killAll, requireBuild, sandbox, startCli, type Sandbox } from '../cli/helpers.js';
 import { freePort } from '../../src/verify/local.js';
 import { REDIS_URL } from '../redis/servers.js';
-import { expectClean, expectPass, faultCount, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import { expectClean, expectPass, faultCount, killLeftovers, leftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
 let sb: Sandbox;
@@ -19,7 +20,7 @@ beforeEach(() => {
 });
 afterEach(() => {
   killAll();
-  for (const r of runs.splice(0)) killLeftovers(r.marker);
+  for (const r of runs.splice(0)) killLeftovers(r.marker, sb.dir);
   sb.cleanup();
 });
 
@@ -57,6 +58,20 @@ describe('leasehold verify on Redis', () => {
     const { events } = readReport(report, 3);
     expect(events.some((e) => e.type === 'delay-end' && e.heldBytes > 0)).toBe(true);
     expect(events.some((e) => e.type === 'restart' && e.error === undefined)).toBe(true);
+  }, 120_000);
+
+  it('SIGINT in the middle of a run stops the workers and both servers and removes the run directory', async () => {
+    const marker = `sigint${process.pid}`;
+    const cli = startCli(['verify', '--url', 'local:redis', '--duration', '60s', '--ttl', '400ms', '--seed', '3'], sb, { LEASEHOLD_VERIFY_TEST_RUN: marker });
+    runs.push({ marker } as VerifyRun);
+    await cli.waitFor(/\[ *\d+\.\ds\] operations \d+/, 60_000);
+    // the command, three workers and two redis-servers (coordinator and resource)
+    expect(leftovers(marker, sb.dir).length).toBeGreaterThanOrEqual(6);
+    cli.child.kill('SIGINT');
+    const done = await cli.done;
+    expect(done.code).toBe(130);
+    expect(leftovers(marker, sb.dir)).toEqual([]);
+    expect(readdirSync(sb.dir).filter((n) => n.startsWith('leasehold-verify-'))).toEqual([]);
   }, 120_000);
 
   it('a coordinator that cannot be reached exits 69 and starts nothing', async () => {
