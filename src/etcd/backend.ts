@@ -60,7 +60,7 @@ const PENDING_FORGET_MS = 30_000;
  * most this long; after that, the session ending frees the key.
  */
 const FOLLOW_UP_LIMIT_MS = 120_000;
-/** A non-queued acquire that failed with an unknown outcome is cleaned up if its caller has not asked again after this long. */
+/** An acquire that failed with an unknown outcome is cleaned up if its caller has not asked again after this long (core asks within ~1 s). */
 const ABANDONED_AFTER_MS = 2_000;
 /** Extra second on lock-delay leases: covers the gap between refreshing a delay lease and its lock's lease (see `sessions`). */
 const DELAY_MARGIN_S = 1;
@@ -73,6 +73,7 @@ interface Entry {
   /** Create revision: place in the queue, and the token once granted. */
   readonly rev: bigint;
   readonly lease: string;
+  /** Written as granted (a grant on a free key, or one next to lock-delay markers); others are inferred from their place. */
   readonly granted: boolean;
   readonly holder: string;
   /** The entry's lease belongs to this lock alone (no session): release revokes it. */
@@ -104,8 +105,7 @@ interface Pending {
   lockLease?: { id: string; ttlMs: number };
   /** No session, lockDelayMs > 0: the lease of the lock-delay marker. */
   delayLease?: string;
-  /** Session: the short lease of the queue entry, refreshed by each call, so a crashed waiter's place ends soon. */
-  queueLease?: { id: string; ttlMs: number; keptAt: number };
+  /** What the last call read (the next call starts from it). */
   view?: View;
   touchedAt: number;
 }
@@ -122,8 +122,8 @@ interface SessionRecord {
   readonly delays: Map<number, Promise<string>>;
 }
 
-const entryValue = (holder: string, granted: boolean, ownLease: boolean): string =>
-  JSON.stringify({ h: holder, g: granted ? 1 : 0, o: ownLease ? 1 : 0 });
+const entryValue = (holder: string, ownLease: boolean, granted: boolean): string =>
+  JSON.stringify({ h: holder, o: ownLease ? 1 : 0, g: granted ? 1 : 0 });
 const delayValue = (holder: string, token: bigint | undefined): string => JSON.stringify({ h: holder, t: token?.toString() ?? '' });
 
 function parseJson(kv: IKeyValue): Record<string, unknown> {
@@ -145,16 +145,19 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  * reaches core's loss detection at once (I6) and validity is counted from the request (I5). A lock
  * acquired with `autoRenew: false` gets a lease of its own, revoked on release.
  *
- * **Queue.** A request is a key `<prefix><key>/q/<e|s>/<owner>`; its create revision is its place.
- * An exclusive request is granted when no request is ahead of it, a shared one when no exclusive
- * request is ahead: FIFO, no barging (a `tryAcquire` never jumps a queue). A waiter watches only
- * the deletion of its predecessor (the last request ahead of it; for shared requests, the last
- * exclusive one), like etcd's own `concurrency.Mutex`, so a release wakes one waiter, not all.
- * Waiting entries live on a short queue lease of their own, refreshed by each call, so a crashed
- * waiter's place is gone within ~2 s; the grant moves the entry onto the session's lease. Every
- * grant is one transaction whose guards re-check the waiter's own entry (etcd issue 11456: a
- * waiter whose lease expired while it waited must not believe it was granted) and that nothing is
- * ahead.
+ * **Queue.** A request is a key `<prefix><key>/q/<e|s>/<owner>` on the client's session lease;
+ * its create revision is its place. An exclusive request is granted when no request is ahead of
+ * it, a shared one when no exclusive request is ahead: FIFO, no barging (a `tryAcquire` never
+ * jumps a queue). On a free key the first call is the grant: one transaction (guards: key free, no
+ * lock-delay; else, for a waiter, a nested put of its entry and a read). A waiter watches only the
+ * deletion of its predecessor (the last request ahead of it; for a shared request, the last
+ * exclusive one), like etcd's own `concurrency.Mutex`, so a release wakes one waiter, not all; the
+ * woken waiter's grant is a linearizable read that finds its own entry first (nobody can get ahead
+ * of it afterwards), no write. Its own entry is read in the same step, so a waiter whose lease
+ * expired while it waited does not believe it holds the key (etcd issue 11456). A crashed waiter's
+ * place ends with its session (its ttl); a waiter that gives up deletes its entry (`cancelWait`,
+ * retried in the background until done), and one whose call failed with an unknown outcome and
+ * that does not ask again is cleaned up after 2 s.
  *
  * **Fencing token = the create revision of the request's key.** etcd's revision is a cluster-wide
  * counter, raised by every write, agreed through raft and persisted before a write is
@@ -259,61 +262,83 @@ class EtcdBackend implements Backend {
     p.touchedAt = now;
 
     try {
-      // The lease the grant hangs on, and the lease of its lock-delay marker.
+      // The lease the request hangs on (as a waiter, then as the holder), and the lease of its lock-delay marker.
       let hold: { id: string; ttlMs: number; own: boolean };
       let delayLease: string | undefined;
       if (req.session !== undefined) {
         hold = { id: req.session, ttlMs: this.#sessionTable.get(req.session)?.ttlMs || req.ttlMs, own: false };
-        if (req.lockDelayMs > 0) {
-          try {
-            delayLease = await this.#sessionDelayLease(req.session, req.lockDelayMs);
-          } catch (error) {
-            if (isLeaseNotFound(error)) return { granted: false, sessionLost: true };
-            throw error;
-          }
-        }
+        if (req.lockDelayMs > 0) delayLease = await this.#sessionDelayLease(req.session, req.lockDelayMs);
       } else {
         hold = { ...(await this.#lockLease(p, req)), own: true };
         delayLease = p.delayLease;
       }
-      // A waiting session request keeps its queue lease alive alongside.
-      const q = p.queueLease;
-      if (q && now - q.keptAt > q.ttlMs / 4) {
-        void keepAliveOnce(this.#client, [q.id], this.#timeoutMs).then(
-          (ttls) => {
-            if ((ttls.get(q.id) ?? 0) > 0) q.keptAt = Math.max(q.keptAt, now);
-            else if (p.queueLease === q) p.queueLease = undefined;
-          },
-          () => {},
-        );
-      }
+      const base = op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)));
+      const value = entryValue(req.holder, hold.own, false);
+      const grantedValue = entryValue(req.holder, hold.own, true);
+      const granted = (token: bigint): AcquireResult => {
+        this.#pending.delete(req.owner);
+        return { granted: true, token, ttlMs: hold.ttlMs };
+      };
 
-      let view = p.view;
-      let fresh = false; // true once `view` was read in this call (not a guess from the last one)
+      let view: View | undefined;
       for (let round = 0; round < MAX_ROUNDS; round++) {
-        const own = view?.entries.find((e) => e.key === entryKey);
-        if (own?.granted) return this.#granted(req.owner, p, own.rev, hold.ttlMs);
-        if (fresh && view && !grantable(view, own, req.mode)) {
-          if (!req.queue) return await this.#refuse(req.owner, p, view, layout);
-          if (!own) {
-            view = await this.#enqueue(req, p, layout, entryKey, hold);
-            continue;
+        if (!view) {
+          if (round === 0 && p.view?.entries.some((e) => e.key === entryKey)) {
+            // A waiter asking again (woken, or core's periodic check): a linearizable read, no write.
+            view = await this.#read(layout);
+          } else {
+            // One transaction: on a free key, the grant; otherwise (when the caller waits) a place at
+            // the end of the queue; and in both failing cases, the key's state.
+            const success = [op.put(entryKey, grantedValue, hold.id)];
+            if (delayLease !== undefined) success.push(op.put(layout.delay(req.owner), delayValue(req.holder, undefined), delayLease));
+            const enqueue: IRequestOp[] = req.queue ? [op.txn([cmp.createdAt(entryKey, 0n)], [op.put(entryKey, value, hold.id)])] : [];
+            const r = await this.#txn('acquire', freeKeyGuards(layout, req.mode, entryKey), success, [...enqueue, base]);
+            if (r.succeeded) return granted(BigInt(r.header.revision));
+            view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
           }
-          return await this.#wait(req.owner, p, view, own, req.mode, layout);
         }
-        // Try the grant: guards say "my entry is as I saw it, nothing is ahead, no lock-delay"; if
-        // they fail, the same transaction reads the key's state instead.
-        const success: IRequestOp[] = [op.put(entryKey, entryValue(req.holder, true, hold.own), hold.id)];
-        if (delayLease !== undefined) success.push(op.put(layout.delay(req.owner), delayValue(req.holder, own?.rev), delayLease));
-        const response = await this.#txn('acquire', grantGuards(layout, view, own, req.mode, entryKey), success, [op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)))]);
-        if (response.succeeded) return this.#granted(req.owner, p, own?.rev ?? BigInt(response.header.revision), hold.ttlMs);
-        view = parseView(this.#prefix, readKvs(response), BigInt(response.header.revision));
-        fresh = true;
+        const own = view.entries.find((e) => e.key === entryKey);
+        if (own) {
+          // Granted when nothing is ahead of our entry at a linearizable read: nobody can get ahead of
+          // it later (later requests have later revisions), so this stays true until we release.
+          // Our entry is read in the same step, so a waiter whose lease expired while it waited is
+          // not granted (etcd issue 11456).
+          if (!grantable(view, own, req.mode)) {
+            if (!req.queue) break;
+            return await this.#wait(req.owner, p, view, own, req.mode, layout);
+          }
+          if (delayLease === undefined) {
+            // Next to lock-delay markers, a grant must be written down: once a marker's holder expires,
+            // the place alone no longer tells a holder from a waiter (inspect). Not on the hand-off path.
+            if (view.delays.length > 0) {
+              void this.#txn('mark grant', [cmp.createdAt(entryKey, own.rev)], [op.put(entryKey, grantedValue, hold.id)], []).catch(() => {});
+            }
+            return granted(own.rev);
+          }
+          // Lock-delay: the marker goes in before the grant is reported, while our entry is still there.
+          const r = await this.#txn('lock-delay marker', [cmp.createdAt(entryKey, own.rev)], [op.put(layout.delay(req.owner), delayValue(req.holder, own.rev), delayLease)], [base]);
+          if (r.succeeded) return granted(own.rev);
+          view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
+          continue;
+        }
+        if (req.queue) {
+          // Our place is gone (its lease expired during a pause, or an operator removed it): a new one at the end.
+          view = undefined;
+          continue;
+        }
+        // Not queued (tryAcquire, fair: false), nothing in our way that the first guards did not
+        // allow for: shared next to shared holders with lock-delay markers. Guarded grant.
+        if (!grantable(view, undefined, req.mode)) break;
+        const success = [op.put(entryKey, grantedValue, hold.id)];
+        if (delayLease !== undefined) success.push(op.put(layout.delay(req.owner), delayValue(req.holder, undefined), delayLease));
+        const r = await this.#txn('acquire', viewGuards(layout, view, req.mode, entryKey), success, [base]);
+        if (r.succeeded) return granted(BigInt(r.header.revision));
+        view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
       }
-      if (!view) throw new InvalidArgumentError('acquire', 'no state read'); // unreachable: every failed round reads
+      if (!view) view = await this.#read(layout);
       const own = view.entries.find((e) => e.key === entryKey);
-      if (!req.queue || !own) return await this.#refuse(req.owner, p, view, layout);
-      return await this.#wait(req.owner, p, view, own, req.mode, layout);
+      if (req.queue && own) return await this.#wait(req.owner, p, view, own, req.mode, layout);
+      return await this.#refuse(req.owner, p, view, layout);
     } catch (error) {
       if (isLeaseNotFound(error)) {
         // The session (or its lock-delay lease) is gone: core ends the session and opens a new one.
@@ -328,9 +353,14 @@ class EtcdBackend implements Backend {
         p.lockLease = undefined;
       }
       const mapped = mapError('acquire', error);
-      if (mapped.retryable && req.session !== undefined && !req.queue) this.#abandonLater(req);
+      if (mapped.retryable) this.#abandonLater(req);
       throw mapped;
     }
+  }
+
+  async #read(layout: KeyLayout): Promise<View> {
+    const r = await this.#client.kv.range({ key: Buffer.from(layout.base), range_end: rangeEnd(Buffer.from(layout.base)) }, deadline(this.#timeoutMs));
+    return parseView(this.#prefix, r.kvs, BigInt(r.header.revision));
   }
 
   /** No session: the lock's own lease, granted on the first call and refreshed on every later one (I5: after the request was sent). */
@@ -359,45 +389,10 @@ class EtcdBackend implements Backend {
     return p.lockLease;
   }
 
-  /** Puts the waiter's entry at the end of the queue (on its queue lease) and reads the key's state. */
-  async #enqueue(req: AcquireRequest, p: Pending, layout: KeyLayout, entryKey: string, hold: { id: string; own: boolean }): Promise<View> {
-    for (let attempt = 0; ; attempt++) {
-      const waitLease = req.session !== undefined ? await this.#queueLease(p, req.queueTtlMs) : hold.id;
-      const read = op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)));
-      try {
-        const r = await this.#txn('enqueue', [cmp.createdAt(entryKey, 0n)], [op.put(entryKey, entryValue(req.holder, false, hold.own), waitLease), read], [read]);
-        return parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
-      } catch (error) {
-        // The queue lease expired before we used it (a long pause): take a new one, once.
-        if (req.session !== undefined && isLeaseNotFound(error) && attempt === 0) {
-          p.queueLease = undefined;
-          continue;
-        }
-        throw error;
-      }
-    }
-  }
-
-  async #queueLease(p: Pending, queueTtlMs: number): Promise<string> {
-    if (p.queueLease) return p.queueLease.id;
-    const sentAt = performance.now();
-    const r = await this.#client.leaseClient.leaseGrant({ TTL: Math.max(1, Math.ceil(queueTtlMs / 1000)) }, deadline(this.#timeoutMs));
-    p.queueLease = { id: String(r.ID), ttlMs: Number(r.TTL) * 1000, keptAt: sentAt };
-    return p.queueLease.id;
-  }
-
-  #granted(owner: string, p: Pending, token: bigint, ttlMs: number): AcquireResult {
-    this.#pending.delete(owner);
-    // The entry now lives on the session's lease; its queue lease holds nothing any more.
-    if (p.queueLease) this.#revokeLater(p.queueLease.id);
-    return { granted: true, token, ttlMs };
-  }
-
   /** Busy, and the caller does not queue (tryAcquire, fair: false): nothing of ours stays behind. */
   async #refuse(owner: string, p: Pending, view: View, layout: KeyLayout): Promise<AcquireResult> {
     this.#pending.delete(owner);
     if (p.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
-    if (p.queueLease) this.#revokeLater(p.queueLease.id);
     // Without a place in the queue there is no predecessor: any deletion under the key may free it.
     return this.#busy(view, undefined, 'exclusive', { keys: [], prefix: layout.base, afterRevision: view.revision });
   }
@@ -412,11 +407,10 @@ class EtcdBackend implements Backend {
   }
 
   async #busy(view: View, own: Entry | undefined, mode: LockMode, cursor: Cursor): Promise<AcquireResult> {
-    const holder = view.entries.find((e) => e.granted)?.holder ?? orphans(view)[0]?.holder;
+    const holder = holders(view)[0]?.holder ?? orphans(view)[0]?.holder;
     let retryInMs: number | undefined;
-    const blockers = ahead(view, own, mode);
     const delays = orphans(view);
-    if (blockers.length === 0 && delays.length > 0) {
+    if (ahead(view, own, mode).length === 0 && delays.length > 0) {
       // Blocked only by lock-delay: it ends when the last marker's lease expires.
       const ttls = await Promise.all(delays.map((d) => this.#remainingMs(d.lease)));
       retryInMs = Math.max(0, ...ttls);
@@ -438,7 +432,8 @@ class EtcdBackend implements Backend {
       const kvs = readKvs(r);
       const entry = kvs.find((kv) => kv.key.toString('utf8') === entryKey);
       const value = entry ? parseJson(entry) : {};
-      if (!entry || BigInt(entry.create_revision) !== req.token || value.g !== 1) return { renewed: false };
+      // The token is the entry's create revision: only the grant that was told it can name it.
+      if (!entry || BigInt(entry.create_revision) !== req.token) return { renewed: false };
       if (value.o !== 1) {
         // A lease of a session: renewing it is the session's keep-alive (with its lock-delay leases).
         return (await this.#sessionKeepAlive(entry.lease)) ? { renewed: true, ttlMs: this.#sessionTable.get(entry.lease)?.ttlMs || req.ttlMs } : { renewed: false };
@@ -482,7 +477,6 @@ class EtcdBackend implements Backend {
     if (this.#closed) return;
     const p = this.#pending.get(owner);
     this.#pending.delete(owner);
-    if (p?.queueLease) this.#revokeLater(p.queueLease.id);
     if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
     const attempt = () => this.#deleteRequest(key, owner);
     try {
@@ -502,16 +496,21 @@ class EtcdBackend implements Backend {
   }
 
   /**
-   * A non-queued acquire under a session failed after its transaction may have committed: the
-   * caller (a tryAcquire) has given up, so a grant would sit on the session lease, owned by
-   * nobody, as long as the session lives. Unless the caller asks again soon (core's fair:false
-   * waiting does), delete the request's keys.
+   * An acquire call failed after its transaction may have committed (a grant, or a place in the
+   * queue). If the caller gave up (a tryAcquire does at once; a waiter whose first call failed
+   * never gets to cancel), that entry would sit on the session's lease, owned by nobody, for as
+   * long as the session lives, and block the key. Core asks again within about a second when it
+   * still wants the key; if it has not after ABANDONED_AFTER_MS, delete the request's keys. A call
+   * that comes back later waits for this clean-up and then starts over.
    */
   #abandonLater(req: AcquireRequest): void {
     const mark: { cleanup?: Promise<void> } = {};
     this.#uncertain.set(req.owner, mark);
     this.#later(ABANDONED_AFTER_MS, () => {
       if (this.#uncertain.get(req.owner) !== mark) return; // the caller came back
+      const p = this.#pending.get(req.owner);
+      this.#pending.delete(req.owner);
+      if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
       mark.cleanup = this.#untilDone(() => this.#deleteRequest(req.key, req.owner)).finally(() => {
         if (this.#uncertain.get(req.owner) === mark) this.#uncertain.delete(req.owner);
       });
@@ -563,7 +562,7 @@ class EtcdBackend implements Backend {
   async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
     this.#ensureOpen();
     const c = isCursor(cursor) ? cursor : undefined;
-    const wake = new Wake(this.#client, onChange);
+    const wake = new Wake(this.#client, onChange, this.#timeoutMs);
     if (c?.owner !== undefined) {
       this.#wakes.get(c.owner)?.close();
       this.#wakes.set(c.owner, wake);
@@ -595,23 +594,22 @@ class EtcdBackend implements Backend {
       const views = [...groups].map(([encKey, kvs]) => ({ key: decodePart(encKey), view: parseView(this.#prefix, kvs, revision) }));
       const leases = new Set<string>();
       for (const { view } of views) {
-        for (const e of view.entries) if (e.granted) leases.add(e.lease);
+        for (const e of holders(view)) leases.add(e.lease);
         for (const d of orphans(view)) leases.add(d.lease);
       }
       const remaining = new Map(await Promise.all([...leases].map(async (id) => [id, await this.#remainingMs(id)] as const)));
       const out: KeyState[] = [];
       for (const { key, view } of views) {
-        const holders: HolderState[] = view.entries
-          .filter((e) => e.granted)
-          .map((e) => ({ mode: e.mode, token: e.rev, holder: e.holder, expiresInMs: remaining.get(e.lease) ?? 0 }));
+        const held = holders(view);
+        const holderStates: HolderState[] = held.map((e) => ({ mode: e.mode, token: e.rev, holder: e.holder, expiresInMs: remaining.get(e.lease) ?? 0 }));
         const delays = orphans(view);
         const delayMs = Math.max(0, ...delays.map((d) => remaining.get(d.lease) ?? 0));
-        const waiters = view.entries.filter((e) => !e.granted).length;
-        if (holders.length === 0 && waiters === 0 && delayMs === 0) continue;
+        const waiters = view.entries.length - held.length;
+        if (held.length === 0 && waiters === 0 && delayMs === 0) continue;
         let lastToken = 0n;
-        for (const h of holders) if (h.token > lastToken) lastToken = h.token;
+        for (const h of holderStates) if (h.token > lastToken) lastToken = h.token;
         for (const d of delays) if (d.token > lastToken) lastToken = d.token;
-        out.push({ key, lastToken, holders, waiters, lockDelayRemainingMs: delayMs });
+        out.push({ key, lastToken, holders: holderStates, waiters, lockDelayRemainingMs: delayMs });
       }
       return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
     } catch (error) {
@@ -709,7 +707,6 @@ class EtcdBackend implements Backend {
     this.#wakes.clear();
     const leases: string[] = [];
     for (const p of this.#pending.values()) {
-      if (p.queueLease) leases.push(p.queueLease.id);
       if (p.lockLease) leases.push(p.lockLease.id);
       if (p.delayLease) leases.push(p.delayLease);
     }
@@ -742,7 +739,6 @@ class EtcdBackend implements Backend {
     for (const [owner, p] of this.#pending) {
       if (now - p.touchedAt < PENDING_FORGET_MS) continue;
       this.#pending.delete(owner);
-      if (p.queueLease) this.#revokeLater(p.queueLease.id);
       if (p.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
     }
   }
@@ -793,45 +789,54 @@ function ahead(view: View, own: Entry | undefined, mode: LockMode): Entry[] {
 
 function grantable(view: View, own: Entry | undefined, mode: LockMode): boolean {
   if (ahead(view, own, mode).length > 0 || orphans(view).length > 0) return false;
-  return mode === 'exclusive' || liveDelays(view).length <= MAX_DELAY_GUARDS;
+  // Without an entry, a shared grant guards every marker's holder in its transaction (viewGuards).
+  return own !== undefined || mode === 'exclusive' || liveDelays(view).length <= MAX_DELAY_GUARDS;
 }
 
 /**
- * The guards of a grant transaction. With a view, they state exactly what made it grantable; on a
- * guess (first call, or a wake-up), they state the hoped-for outcome: what we waited for is gone.
- * - our entry is the one we saw (created at its revision), or absent for a new request;
- * - exclusive: every request under the key is ours or later; shared: no exclusive request, or
- *   only later ones;
- * - lock-delay: no marker at all (exclusive); for shared, no new marker since the view and every
- *   marker's holder still there.
+ * The guards of the first transaction of a request: our entry does not exist yet, nobody is queued
+ * that we would have to wait for (everyone, or every exclusive request for a shared one), and no
+ * lock-delay marker exists (of an expired holder, or of a live one: a shared request next to shared
+ * holders with markers takes the slower `viewGuards` path).
  */
-function grantGuards(layout: KeyLayout, view: View | undefined, own: Entry | undefined, mode: LockMode, entryKey: string): ICompare[] {
+function freeKeyGuards(layout: KeyLayout, mode: LockMode, entryKey: string): ICompare[] {
   const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
-  const guards: ICompare[] = [cmp.createdAt(entryKey, own?.rev ?? 0n)];
-  if (mode === 'exclusive') {
-    guards.push(own ? cmp.createdAfter(layout.queue, own.rev - 1n, end(layout.queue)) : cmp.createdAt(layout.queue, 0n, end(layout.queue)));
-    guards.push(cmp.createdAt(layout.delays, 0n, end(layout.delays)));
-    return guards;
-  }
-  const laterExclusive = own !== undefined && view !== undefined && view.entries.some((e) => e.mode === 'exclusive' && e.rev > own.rev);
-  guards.push(laterExclusive ? cmp.createdAfter(layout.exclusive, own!.rev, end(layout.exclusive)) : cmp.createdAt(layout.exclusive, 0n, end(layout.exclusive)));
-  const live = view ? liveDelays(view) : [];
-  if (live.length === 0 || !view) {
-    guards.push(cmp.createdAt(layout.delays, 0n, end(layout.delays)));
-  } else {
-    guards.push(cmp.modifiedBy(layout.delays, view.revision, end(layout.delays)));
-    for (const d of live) {
-      const holder = view.entries.find((e) => e.encOwner === d.encOwner)!;
-      guards.push(cmp.createdAt(holder.key, holder.rev));
-    }
+  const queue = mode === 'exclusive' ? layout.queue : layout.exclusive;
+  return [cmp.createdAt(entryKey, 0n), cmp.createdAt(queue, 0n, end(queue)), cmp.createdAt(layout.delays, 0n, end(layout.delays))];
+}
+
+/**
+ * Guards of a grant without a place in the queue, decided on `view`: what made it grantable still
+ * holds. For a shared request: no exclusive request, no lock-delay marker written since the view,
+ * and the holder of every marker still there (so none became an expired holder's delay).
+ */
+function viewGuards(layout: KeyLayout, view: View, mode: LockMode, entryKey: string): ICompare[] {
+  if (mode === 'exclusive') return freeKeyGuards(layout, mode, entryKey);
+  const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
+  const guards = [cmp.createdAt(entryKey, 0n), cmp.createdAt(layout.exclusive, 0n, end(layout.exclusive)), cmp.modifiedBy(layout.delays, view.revision, end(layout.delays))];
+  for (const d of liveDelays(view)) {
+    const holder = view.entries.find((e) => e.encOwner === d.encOwner)!;
+    guards.push(cmp.createdAt(holder.key, holder.rev));
   }
   return guards;
+}
+
+/**
+ * Who holds the key in `view`: entries written as granted, entries with their own lock-delay
+ * marker (written at the grant), and, when no expired holder's marker is in the way, every entry
+ * with nothing ahead of it (granted, or about to learn it on its next look).
+ */
+function holders(view: View): Entry[] {
+  const marked = new Set(view.delays.map((d) => d.encOwner));
+  const free = orphans(view).length === 0;
+  return view.entries.filter((e) => e.granted || marked.has(e.encOwner) || (free && ahead(view, e, e.mode).length === 0));
 }
 
 /** What a queued waiter watches: its predecessor (the last request it waits for), else the lock-delay markers that block it. */
 function watchTarget(view: View, own: Entry, mode: LockMode, layout: KeyLayout): WatchTarget {
   const blockers = ahead(view, own, mode);
-  if (blockers.length > 0) return { keys: [blockers[blockers.length - 1]!.key], afterRevision: view.revision };
+  const last = blockers[blockers.length - 1];
+  if (last) return { keys: [last.key], revisions: [last.rev.toString()], afterRevision: view.revision };
   const delays = orphans(view);
   if (delays.length > 0) return { keys: delays.map((d) => d.key), afterRevision: view.revision };
   // Only too many shared lock-delay holders (MAX_DELAY_GUARDS): any deletion under the key may help.
@@ -841,7 +846,7 @@ function watchTarget(view: View, own: Entry, mode: LockMode, layout: KeyLayout):
 function isCursor(value: unknown): value is Cursor {
   if (typeof value !== 'object' || value === null) return false;
   const c = value as Cursor;
-  return Array.isArray(c.keys) && typeof c.afterRevision === 'bigint';
+  return Array.isArray(c.keys) && (c.afterRevision === undefined || typeof c.afterRevision === 'bigint');
 }
 
 function checkPrefixOption(value: unknown): string {

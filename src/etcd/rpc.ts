@@ -67,6 +67,8 @@ export const op = {
   get: (key: string): IRequestOp => ({ request_range: { key: b(key) } }),
   getRange: (key: string, end: Buffer): IRequestOp => ({ request_range: { key: b(key), range_end: end } }),
   del: (key: string): IRequestOp => ({ request_delete_range: { key: b(key), prev_kv: true } }),
+  /** A nested transaction (etcd ≥ 3.3). */
+  txn: (compare: ICompare[], success: IRequestOp[], failure: IRequestOp[] = []): IRequestOp => ({ request_txn: { compare, success, failure } }),
 };
 
 /** Comparisons, each over one key or (with `end`) every key of a range (an empty range compares as revision 0). */

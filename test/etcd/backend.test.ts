@@ -133,7 +133,7 @@ describe('etcd backend', () => {
     expect(b.ttlMs).toBe(2_000);
   });
 
-  it('etcd issue 11456: a waiter whose entry vanished while it waited is not granted over the next holder', async () => {
+  it('etcd issue 11456: a waiter whose session expired while it waited is not granted over the next holder', async () => {
     const k = key('11456');
     const h = backend();
     const w = backend();
@@ -143,36 +143,48 @@ describe('etcd backend', () => {
     const session = await w.sessions!.open(10_000);
     const waiting = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
     expect(waiting.granted).toBe(false);
-    // the waiter's queue entry disappears (its lease expired during a pause; here: revoked)
-    const entry = (await raw(k)).find((kv) => kv.key.toString().endsWith('/waiter'))!;
-    await etcd.leaseClient.leaseRevoke({ ID: entry.lease });
+    // the waiter's session ends behind its back (expired during a pause; here: revoked), its entry with it
+    await etcd.leaseClient.leaseRevoke({ ID: session.id });
     const xSession = await x.sessions!.open(10_000);
     expect((await x.acquire(request(k, 'x', { queue: true, session: xSession.id }))).granted).toBe(false);
     if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
     const xGrant = await x.acquire(request(k, 'x', { queue: true, session: xSession.id }));
     expect(xGrant.granted).toBe(true);
-    // the old waiter asks again: it lost its place, so it queues behind x instead of believing it holds
-    const again = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
-    expect(again.granted).toBe(false);
+    // the old waiter asks again: its session is gone, so it is told, not granted
+    expect(await w.acquire(request(k, 'waiter', { queue: true, session: session.id }))).toEqual({ granted: false, sessionLost: true });
+    // with a new session it queues behind x
+    const fresh = await w.sessions!.open(10_000);
+    expect((await w.acquire(request(k, 'waiter', { queue: true, session: fresh.id }))).granted).toBe(false);
     if (xGrant.granted) await x.release({ key: k, owner: 'x', token: xGrant.token, mode: 'exclusive' });
-    const late = await w.acquire(request(k, 'waiter', { queue: true, session: session.id }));
+    const late = await w.acquire(request(k, 'waiter', { queue: true, session: fresh.id }));
     expect(late.granted).toBe(true);
     if (late.granted && xGrant.granted) expect(late.token).toBeGreaterThan(xGrant.token);
   });
 
-  it('a crashed waiter\'s place ends with its queue lease (about 2 s), not with its session', async () => {
+  it('a crashed waiter\'s place ends with its session; an operator can remove one by hand', async () => {
     const k = key('crashed-waiter');
     const h = backend();
     const w = backend();
     const hold = await h.acquire(request(k, 'holder'));
-    const session = await w.sessions!.open(30_000);
+    // the waiting process crashes: its session (1 s) is no longer kept alive
+    const session = await w.sessions!.open(1_000);
     expect((await w.acquire(request(k, 'ghost', { queue: true, session: session.id }))).granted).toBe(false);
-    // the waiter never asks again (crashed), its session lives on (another part of the process keeps it)
     if (hold.granted) await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
     const other = backend();
     expect((await other.acquire(request(k, 'newcomer'))).granted).toBe(false); // the ghost is first in line
-    expect(await eventually(async () => (await other.acquire(request(k, 'newcomer'))).granted, 6_000, 200)).toBe(true);
-    await w.sessions!.close(session.id);
+    expect(await eventually(async () => (await other.acquire(request(k, 'newcomer'))).granted, 5_000, 100)).toBe(true);
+    // a stuck waiter's entry deleted by an operator: the one behind it is woken and served
+    const k2 = key('removed-waiter');
+    const hold2 = await h.acquire(request(k2, 'holder'));
+    const stuckSession = await w.sessions!.open(30_000);
+    expect((await w.acquire(request(k2, 'stuck', { queue: true, session: stuckSession.id }))).granted).toBe(false);
+    if (hold2.granted) await h.release({ key: k2, owner: 'holder', token: hold2.token, mode: 'exclusive' });
+    const locks2 = locks();
+    const next = locks2.acquire(k2, { ttlMs: 1_000, waitMs: 10_000 });
+    await eventually(async () => (await locks2.inspect(k2))[0]?.waiters === 1, 5_000);
+    await etcd.delete().key(new KeyLayout(prefix, k2).entry('exclusive', 'stuck'));
+    expect((await next).held).toBe(true);
+    await w.sessions!.close(stuckSession.id);
   });
 
   it('I8 with sessions: a session that expires without release keeps its keys for lockDelayMs', async () => {
@@ -210,11 +222,23 @@ describe('etcd backend', () => {
     const c = locks();
     const s1 = await a.acquire(k, { mode: 'shared', ttlMs: 1_000, autoRenew: false, lockDelayMs: 3_000 });
     const s2 = await b.acquire(k, { mode: 'shared', ttlMs: 10_000, lockDelayMs: 3_000 });
+    const plain = await locks('plain').acquire(k, { mode: 'shared', ttlMs: 10_000 }); // no lock-delay of its own
     expect(s2.token).toBeGreaterThan(s1.token);
     await eventually(() => s1.signal.aborted, 5_000);
     // s1 expired without release: its marker now blocks new grants, shared ones too
-    expect(await eventually(async () => (await c.tryAcquire(k, { mode: 'shared', ttlMs: 1_000 })) === null, 3_000, 100)).toBe(true);
+    const blocked = async (): Promise<boolean> => {
+      const got = await c.tryAcquire(k, { mode: 'shared', ttlMs: 1_000 });
+      await got?.release(); // (granted while s1 had not yet expired on the server)
+      return got === null;
+    };
+    expect(await eventually(blocked, 3_000, 100)).toBe(true);
     expect(s2.held).toBe(true);
+    // inspect still tells the two live holders from waiters, next to the expired one's delay
+    const [state] = await c.inspect(k);
+    expect(state?.holders.map((h) => h.token).sort()).toEqual([s2.token, plain.token].sort());
+    expect(state?.waiters).toBe(0);
+    expect(state?.lockDelayRemainingMs).toBeGreaterThan(0);
+    await plain.release();
     await s2.release();
     const s3 = await c.acquire(k, { mode: 'shared', ttlMs: 1_000, waitMs: 15_000 });
     expect(s3.token).toBeGreaterThan(s2.token);
