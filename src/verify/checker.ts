@@ -36,6 +36,8 @@ import type { FinalState, LogRow } from './store.js';
 export const RESUME_BOUND_MS = 250;
 /** Rounding slack when comparing a validity deadline with a grant (ms). */
 const SLACK_MS = 1;
+/** A timer fires a little after it is due (ms granularity, scheduling): a signal this close after its deadline is on time. */
+const TIMER_SLACK_MS = 15;
 /** SIGSTOP takes effect a moment after it is sent: a deadline this close before it still counts as frozen. */
 const FREEZE_SLACK_MS = 20;
 /** At most this many violations are listed per check (the count is always complete). */
@@ -294,7 +296,7 @@ function checkLoss(
   durable: boolean,
 ): CheckResult {
   const violations: string[] = [];
-  const n = { handedOff: 0, inTime: 0, frozen: 0, stalled: 0, slow: 0, stateLost: 0, unfinished: 0, silent: 0 };
+  const n = { handedOff: 0, inTime: 0, frozen: 0, tick: 0, stalled: 0, slow: 0, stateLost: 0, unfinished: 0, silent: 0 };
   for (const l of leases) if (l.learned?.via === 'held') n.silent++;
   let worstResume = 0;
   const sorted = [...leases].sort((a, b) => (a.token < b.token ? -1 : a.token > b.token ? 1 : 0));
@@ -341,7 +343,8 @@ function checkLoss(
       worstResume = Math.max(worstResume, after);
       if (after > RESUME_BOUND_MS) violations.push(`${name} ran out while w${a.w} was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`);
       else n.frozen++;
-    } else n.stalled++;
+    } else if (learned.t - due <= TIMER_SLACK_MS) n.tick++;
+    else n.stalled++;
   }
 
   // Every freeze past a lease's validity: the signal fires as soon as the worker runs again.
@@ -362,11 +365,12 @@ function checkLoss(
     if (after > RESUME_BOUND_MS) violations.push(`w${l.w}'s lease (token ${l.token}) ran out while it was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`);
   }
 
-  const takeovers = n.inTime + n.frozen + n.stalled + n.slow + n.stateLost + violations.length;
+  const takeovers = n.inTime + n.frozen + n.tick + n.stalled + n.slow + n.stateLost + violations.length;
   const how = [
     `${n.inTime} knew before the next grant`,
     ...(n.frozen ? [`${n.frozen} frozen, knew right after SIGCONT`] : []),
-    ...(n.stalled ? [`${n.stalled} after an event-loop stall`] : []),
+    ...(n.tick ? [`${n.tick} within ${TIMER_SLACK_MS} ms of their deadline`] : []),
+    ...(n.stalled ? [`${n.stalled} right after an event-loop stall`] : []),
   ];
   const text = [
     `${takeovers} take-overs from a holder that had not released (${how.join(', ')})`,
