@@ -120,6 +120,8 @@ interface SessionRecord {
   ttlMs: number;
   /** lockDelayMs → the lease of lock-delay markers of this session's locks. */
   readonly delays: Map<number, Promise<string>>;
+  /** Last open, keep-alive or acquire (monotonic ms): a session core stopped using (lost by validity) is forgotten. */
+  usedAt: number;
 }
 
 const entryValue = (holder: string, ownLease: boolean, granted: boolean): string =>
@@ -164,12 +166,13 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  * acknowledged. I1: a grant completes after its key was created; a later request creates its key
  * later, at a higher revision, whatever happened in between (releases, restarts, leader changes).
  * I2: each request key is created by its own transaction, and two transactions never share a
- * revision. Revisions start at 1 and are int64: [1, 2^63). Restoring a snapshot with `etcdutl
- * snapshot restore` (`etcdctl` before 3.5) *without* `--bump-revision` puts the revision back to the
- * snapshot's, so new grants can repeat or undercut tokens already accepted: fences refuse them
- * (StaleTokenError) until the revision passes the fences' marks. That is a liveness failure, never
- * a safety one. Restore with `--bump-revision <N> --mark-compacted` (etcd ≥ 3.5.8), N larger than
- * the writes since the snapshot.
+ * revision. Revisions start at 1 and are int64: [1, 2^63). Restoring a snapshot (`etcdutl
+ * snapshot restore`; `etcdctl snapshot restore` in 3.4) *without* `--bump-revision` puts the
+ * revision back to the snapshot's, so new grants repeat or undercut tokens already accepted:
+ * fences refuse them (StaleTokenError) until the revision passes the fences' marks. A liveness
+ * failure, never a safety one. Restore with `--bump-revision <N> --mark-compacted` (etcd ≥ 3.5.10),
+ * N larger than the number of writes since the snapshot (a generous 1e9 is common); the marked
+ * compaction makes watches from old revisions fail instead of silently missing events.
  *
  * **Lock-delay (I8).** etcd deletes the keys of an expired lease without saying it expired, so a
  * holder with `lockDelayMs` > 0 also writes a marker `<prefix><key>/d/<owner>` on a second lease
@@ -179,8 +182,9 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  * marker without its entry means "expired without release" and blocks new grants until it expires.
  *
  * **Time (I5, I7).** Expiry is the etcd leader's lease clock. A lease lives its TTL from the
- * moment the leader applies the grant or keep-alive, which is after the client sent it; a new
- * leader extends every lease rather than shortening it.
+ * moment the leader handles the grant or keep-alive, which is after the client sent it; a new
+ * leader gives every lease at least its remaining TTL again (by default it restarts them in full),
+ * never less. Etcd notices expiries on a 500 ms tick, so keys go up to ~0.5 s after their TTL.
  *
  * Every request has a deadline (`requestTimeoutMs`, per attempt); the client built from `hosts`
  * knows every member and tries a failed request on up to three of them (see `ownClientOptions` for
@@ -338,6 +342,11 @@ class EtcdBackend implements Backend {
       if (!view) view = await this.#read(layout);
       const own = view.entries.find((e) => e.key === entryKey);
       if (req.queue && own) return await this.#wait(req.owner, p, view, own, req.mode, layout);
+      if (own) {
+        // A not-queued request's entry left by an earlier call of this caller whose answer was lost: not ours to keep.
+        const attempt = () => this.#deleteRequest(req.key, req.owner);
+        await attempt().catch(() => this.#followUp(attempt));
+      }
       return await this.#refuse(req.owner, p, view, layout);
     } catch (error) {
       if (isLeaseNotFound(error)) {
@@ -625,7 +634,7 @@ class EtcdBackend implements Backend {
       const r = await this.#client.leaseClient.leaseGrant({ TTL: Math.ceil(ttlMs / 1000) }, deadline(this.#timeoutMs));
       const id = String(r.ID);
       const effective = Number(r.TTL) * 1000; // etcd raises a ttl below its minimum
-      this.#sessionTable.set(id, { ttlMs: effective, delays: new Map() });
+      this.#sessionTable.set(id, { ttlMs: effective, delays: new Map(), usedAt: performance.now() });
       return { id, ttlMs: effective };
     } catch (error) {
       throw mapError('open session', error);
@@ -641,6 +650,7 @@ class EtcdBackend implements Backend {
   async #sessionKeepAlive(id: string): Promise<boolean> {
     this.#ensureOpen();
     const s = this.#sessionTable.get(id);
+    if (s) s.usedAt = performance.now();
     try {
       const delayIds = s ? (await Promise.allSettled(s.delays.values())).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])) : [];
       const ttls = await keepAliveOnce(this.#client, [...delayIds, id], this.#timeoutMs);
@@ -672,7 +682,8 @@ class EtcdBackend implements Backend {
   /** The lease of lock-delay markers of `session`'s locks with `lockDelayMs`: ttl = session ttl + delay + 1 s. */
   #sessionDelayLease(session: string, lockDelayMs: number): Promise<string> {
     let s = this.#sessionTable.get(session);
-    if (!s) this.#sessionTable.set(session, (s = { ttlMs: 0, delays: new Map() }));
+    if (!s) this.#sessionTable.set(session, (s = { ttlMs: 0, delays: new Map(), usedAt: performance.now() }));
+    s.usedAt = performance.now();
     const record = s;
     let lease = record.delays.get(lockDelayMs);
     if (!lease) {
@@ -736,6 +747,10 @@ class EtcdBackend implements Backend {
   }
 
   #forgetStale(now: number): void {
+    for (const [id, s] of this.#sessionTable) {
+      // Not kept alive for several ttls: core gave it up (its delay leases expire on their own, as they should).
+      if (now - s.usedAt > Math.max(3 * s.ttlMs, PENDING_FORGET_MS)) this.#sessionTable.delete(id);
+    }
     for (const [owner, p] of this.#pending) {
       if (now - p.touchedAt < PENDING_FORGET_MS) continue;
       this.#pending.delete(owner);
