@@ -12,18 +12,21 @@
  *    read-modify-write saw the one before it); every write a worker saw accepted is in the log
  *    exactly once, no refused write is; a write that failed (indeterminate: it may or may not have
  *    committed) is in the log at most once.
- * 4. i6 (loss is signalled): for consecutive grants A, B of the key (by token) where A was neither
- *    released nor signalled lost when B's acquire returned, A's signal is late. Using A's own
- *    validity deadline D (reported by A) and whether A's event loop ran between D and the signal:
+ * 4. i6 (loss is signalled): for consecutive grants A, B of the key (by token) where A had neither
+ *    released the lease nor learned of its loss when B's acquire returned. A "learns" when its
+ *    `lease.signal` fires, or when it finds `lease.held` false as it releases (a worker resuming
+ *    from a freeze can release before its overdue validity timer runs; the signal then never
+ *    fires, which the summary notes). Using A's own validity deadline D (reported by A) and
+ *    whether A's event loop ran a timer due after D before it learned:
  *    - D after B's grant: A believed in its lease past the grant. Not checked when A's clock ran
  *      slower than 1 − driftFactor during the lease (outside I5's assumption) or when a coordinator
  *      that loses its state crashed during the lease; otherwise a violation.
- *    - D before B's grant and A's loop did not run between D and its signal: A was not running
- *      (frozen by the pause nemesis, or stalled); its signal must fire within RESUME_BOUND_MS of
- *      SIGCONT when it was frozen.
- *    - D before B's grant and A's loop ran a timer due after D before the signal: a violation.
- *    Besides, every worker frozen past its lease's validity must signal the loss within
- *    RESUME_BOUND_MS of SIGCONT, whether or not someone else took the key meanwhile.
+ *    - D before B's grant and A's loop ran a later timer first: a violation (late while running).
+ *    - D before B's grant and the loop did not run: A was frozen at D (then it must learn within
+ *      RESUME_BOUND_MS of SIGCONT), or it learned within TIMER_SLACK_MS of D (timer granularity),
+ *      or its event loop stalled (it learned as soon as it ran again).
+ *    Besides, every worker frozen past its lease's validity must learn within RESUME_BOUND_MS of
+ *    SIGCONT, whether or not someone else took the key meanwhile.
  *
  * Delayed requests (the delay nemesis) need no exemption: validity counts from when a request was
  * sent (I5), and the coordinator's expiry from when it arrived, so a held request only makes the

@@ -11,7 +11,7 @@
  */
 import { fork, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Writable } from 'node:stream';
@@ -109,6 +109,13 @@ function plan(o: VerifyOptions, usage: string): Plan {
   if (o.durationMs < VERIFY_LIMITS.minDurationMs) throw usageError(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`, usage);
   if (o.durationMs < 2 * o.ttlMs) throw usageError(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`, usage);
   if (o.workMs !== undefined && o.workMs >= o.ttlMs) throw usageError(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`, usage);
+  if (o.reportDir !== undefined) {
+    try {
+      mkdirSync(resolve(o.reportDir), { recursive: true });
+    } catch (error) {
+      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
+    }
+  }
   const coordinator = coordinatorKind(o.url, usage);
   const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
   if (!STORE_KINDS.includes(fence)) throw usageError(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`, usage);
@@ -281,7 +288,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       admin = await openAdminStore(storeConfig);
       await admin.setup(resource);
     } catch (error) {
-      throw unavailable(`resource store (${p.fence}) ${p.fence === 'sqlite' ? '' : redact(storeLocation)} unavailable`, error);
+      throw unavailable(`resource store (${p.fence}${p.fence === 'sqlite' ? '' : ` at ${redact(storeLocation)}`}) unavailable`, error);
     }
 
     // Which nemeses apply.
@@ -291,7 +298,11 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       if (kind === 'crash' && !coordinator?.crashable) {
         return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd';
       }
-      if (kind === 'delay' && coordinatorTcp.length + storeTcp.length === 0) return 'no TCP service: the coordinator and the resource are SQLite files';
+      if (kind === 'delay' && coordinatorTcp.length + storeTcp.length === 0) {
+        return p.coordinator.tech === 'sqlite' && p.fence === 'sqlite'
+          ? 'no TCP service: the coordinator and the resource are SQLite files'
+          : 'no TCP service: nothing here is reached over TCP (SQLite, a Unix socket, TLS)';
+      }
       return undefined;
     };
     const requested = NEMESES.filter((k) => o.nemeses.includes(k));

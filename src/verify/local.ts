@@ -72,6 +72,9 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** How to get a missing server binary on Debian, for the error message. */
+const INSTALL: Readonly<Record<string, string>> = Object.freeze({ 'redis-server': 'apt-get install redis-server', etcd: 'apt-get install etcd-server' });
+
 export class LocalServerError extends Error {
   override readonly name = 'LocalServerError';
 }
@@ -98,11 +101,19 @@ export async function startLocal(kind: LocalKind, dir: string, label: string = k
   }
 }
 
+/** Why a server process could not be spawned (a missing binary), by process. */
+const spawnErrors = new WeakMap<ChildProcess, Error>();
+
 async function until(what: string, check: () => Promise<boolean>, child?: ChildProcess, logFile?: string): Promise<void> {
   const deadline = performance.now() + START_TIMEOUT_MS;
   for (;;) {
     if (await check()) return;
+    const spawnError = child && spawnErrors.get(child);
+    if (spawnError) throw new LocalServerError(`cannot run ${child.spawnfile}: ${spawnError.message}${INSTALL[child.spawnfile] ? ` (${INSTALL[child.spawnfile]})` : ''}`);
     if (child && (child.exitCode !== null || child.signalCode !== null)) {
+      // A binary that could not be spawned reports its 'error' right after the exit: give it a turn.
+      await new Promise((r) => setImmediate(r));
+      if (spawnErrors.has(child)) continue;
       const log = logFile && existsSync(logFile) ? `: ${readFileSync(logFile, 'utf8').slice(-500).trim()}` : '';
       throw new LocalServerError(`${what} exited (${child.exitCode ?? child.signalCode})${log}`);
     }
@@ -123,7 +134,7 @@ function spawnServer(bin: string, args: string[], logFile: string, cwd: string):
   const fd = openSync(logFile, 'a');
   try {
     const child = spawn(bin, args, { stdio: ['ignore', fd, fd], cwd });
-    child.on('error', () => {}); // a missing binary ends in 'exit' too, reported by `until`
+    child.on('error', (error) => spawnErrors.set(child, error)); // reported by `until`
     track(child);
     return child;
   } finally {

@@ -2,6 +2,7 @@
 // apply, delay and crash do not): passes with the fence, the --no-fence control fails with the
 // violations named, the same seed gives the same schedule, the report is written, bad arguments
 // exit 64. Short runs with a small ttl; the assertions never depend on the machine's speed.
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, runCli, sandbox, type Sandbox } from '../cli/helpers.js';
@@ -99,7 +100,9 @@ describe('leasehold verify on SQLite', () => {
       [['--url', 'local:sqlite', '--seed', '-1'], /--seed/],
       [['--url', 'local:sqlite', '--seed', '4294967296'], /--seed.*expected an integer from 0 to 4294967295/],
       [['--url', 'local:sqlite', '--ttl', '500ms', '--work', '600ms'], /--work \(600ms\) must be shorter than --ttl/],
+      [['--url', 'local:sqlite', '--report', join(sb.dir, 'file', 'report')], /cannot use --report .*ENOTDIR/],
     ];
+    writeFileSync(join(sb.dir, 'file'), 'not a directory');
     for (const [args, message] of cases) {
       const r = await runCli(['verify', ...args], sb, { timeoutMs: 30_000, env: { LEASEHOLD_URL: '' } });
       expect(r.code, `${args.join(' ')}\n${r.stderr}`).toBe(64);
