@@ -327,7 +327,9 @@ function checkLoss(
     if (due > grant + SLACK_MS) {
       if (slowClock(a.w, a.acquireAt, grant)) n.slow++;
       else if (!durable && crashes.some((c) => c.from < grant && c.to > a.acquireAt)) n.stateLost++;
-      else violations.push(`${name} was valid locally until ${fmt(due)}, but ${next}`);
+      else if (a.grantedAt > grant) {
+        violations.push(`two holders at once: w${a.w} was granted token ${a.token} at ${fmt(a.grantedAt)}, after w${b.w} had been granted the higher token ${b.token} at ${fmt(grant)}, and both leases were valid (w${a.w}'s until ${fmt(due)})`);
+      } else violations.push(`${name} was valid locally until ${fmt(due)}, but ${next}: two holders at once`);
       continue;
     }
     const learned = a.learned;

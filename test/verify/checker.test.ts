@@ -110,6 +110,14 @@ describe('verify: the checker', () => {
       expect(run(takeover({}), final([])).i6).toMatchObject({ verdict: 'pass' });
     });
 
+    it('a lower token granted after a higher one that is still valid: two holders at once', () => {
+      // w2 is granted token 2 at 0.100s and holds it; w1's grant of token 1 arrives at 0.150s.
+      const events: HistoryEvent[] = [...op(2, 1, 2, 99, { write: 'none', release: 500 }), ...op(1, 1, 1, 149, { write: 'none', release: 600 })];
+      const r = run(events, final([]));
+      expect(r.i6!.verdict).toBe('fail');
+      expect(r.i6!.violations[0]).toMatch(/^two holders at once: w1 was granted token 1 at 0\.150s, after w2 had been granted the higher token 2 at 0\.100s/);
+    });
+
     it('a signal after the grant while the worker ran is a violation', () => {
       const r = run(takeover({ t: 450, running: true }), final([]));
       expect(r.i6!.verdict).toBe('fail');
@@ -152,7 +160,7 @@ describe('verify: the checker', () => {
 
     it('validity past the grant is a violation, unless the clock was slow or the coordinator lost its state', () => {
       const past = takeover({ t: 500, due: 480, running: false });
-      expect(run(past, final([])).i6!.violations[0]).toMatch(/was valid locally until 0\.480s, but w2 was granted token 2 at 0\.400s/);
+      expect(run(past, final([])).i6!.violations[0]).toMatch(/was valid locally until 0\.480s, but w2 was granted token 2 at 0\.400s: two holders at once/);
       const slow = [...past, { type: 'clock', t: 50, w: 1, rate: 0.95, offsetMs: 0 } as HistoryEvent];
       expect(run(slow, final([])).i6).toMatchObject({ verdict: 'pass' });
       expect(run(slow, final([])).i6!.summary).toContain('not checked: 1 with a clock slower than 1 − driftFactor');
