@@ -229,6 +229,9 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       for (const list of proxies.values()) await Promise.all(list.map((x) => x.close()));
       rmSync(dir, { recursive: true, force: true });
     })());
+  // Last resort if verify dies of an internal error before its cleanup: the run directory goes anyway.
+  const removeDir = (): void => rmSync(dir, { recursive: true, force: true });
+  process.once('exit', removeDir);
   const onSignal = (signal: NodeJS.Signals): void => {
     void cleanup().finally(() => process.exit(signalExitCode(signal)));
   };
@@ -479,6 +482,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
   } finally {
     for (const s of stopSignals) process.off(s, onSignal);
     await cleanup();
+    process.off('exit', removeDir);
   }
 }
 

@@ -14,7 +14,7 @@
  * Binaries are found on PATH (`redis-server`, `etcd`), PostgreSQL's under /usr/lib/postgresql/<newest>/bin
  * or on PATH.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chownSync, existsSync, mkdirSync, openSync, closeSync, readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
@@ -234,6 +234,13 @@ async function startPostgres(dir: string): Promise<LocalServer> {
   await start();
   let up = true;
   let stopped = false;
+  // pg_ctl detaches the server: if verify exits without stopping it (an internal error), stop it here, synchronously.
+  const onExit = (): void => {
+    if (!up) return;
+    const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', postgresBin('pg_ctl'), 'stop', '-D', data, '-m', 'immediate']] : [postgresBin('pg_ctl'), ['stop', '-D', data, '-m', 'immediate']];
+    spawnSync(cmd as string, argv as string[], { stdio: 'ignore', timeout: 10_000 });
+  };
+  process.once('exit', onExit);
   const halt = async (): Promise<void> => {
     if (!up) return;
     up = false;
@@ -255,6 +262,7 @@ async function startPostgres(dir: string): Promise<LocalServer> {
     stop: async () => {
       stopped = true;
       await halt();
+      process.off('exit', onExit);
     },
   };
 }
