@@ -246,18 +246,31 @@ export class LeaseImpl implements Lease {
   }
 
   get signal(): AbortSignal {
+    this.#sync();
     return this.#controller.signal;
   }
 
   get held(): boolean {
-    return this.#state === 'held' && this.#keeper.remainingMs() > 0;
+    this.#sync();
+    return this.#state === 'held';
   }
 
   remainingMs(): number {
+    this.#sync();
     return this.#state === 'held' ? this.#keeper.remainingMs() : 0;
   }
 
+  /**
+   * After a pause (SIGSTOP, a blocked event loop) code can run before the overdue validity timer
+   * does. Whoever looks at the lease first makes the loss official, so `held`, `signal`, `renew`,
+   * `release` and `withLock` never disagree about a lease whose validity ran out.
+   */
+  #sync(): void {
+    if (this.#state === 'held' && this.#keeper.remainingMs() <= 0) this.#keeper.lose('expired');
+  }
+
   async renew(): Promise<void> {
+    this.#sync();
     if (this.#state === 'lost') throw this.#controller.signal.reason as LeaseLostError;
     if (this.#state === 'released') throw new LeaseLostError(this.key, this.token, 'released');
     try {
@@ -270,6 +283,7 @@ export class LeaseImpl implements Lease {
   }
 
   release(): Promise<void> {
+    this.#sync(); // a lease that already expired is lost, not released: its signal aborts, `lost` fires
     if (this.#state !== 'held') return this.#releasing ?? Promise.resolve();
     this.#state = 'released';
     this.#keeper.remove(this);

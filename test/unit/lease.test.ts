@@ -5,7 +5,7 @@
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.js';
-import { manualClock, type ManualClock } from '../../src/core/clock.js';
+import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError, LeaseLostError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
 import { Locks } from '../../src/core/locks.js';
@@ -330,5 +330,40 @@ describe('after a pause', () => {
     await flush();
     expect(renewCalls).toBe(0);
     expect((lease.signal.reason as LeaseLostError).reason).toBe('expired');
+  });
+});
+
+describe('code that resumes before the overdue timers', () => {
+  /** Time moves, timers never fire: what the holder's own code sees first after a freeze or a blocked loop. */
+  function frozenTimers(): { clock: Clock; now: { t: number } } {
+    const now = { t: 0 };
+    return { now, clock: { now: () => now.t, setTimeout: () => ({}), clearTimeout: () => {} } };
+  }
+
+  it('held, signal and release agree: the lease is lost (expired), not released', async () => {
+    const { clock, now } = frozenTimers();
+    const locks = new Locks({ backend: memoryBackend({ clock }), clock });
+    const lost: string[] = [];
+    locks.on('lost', (e) => lost.push(e.reason));
+    const lease = await locks.acquire('k', { ttlMs: 100 });
+    now.t = 300; // the process was frozen (or its loop blocked) past the ttl
+    expect(lease.held).toBe(false);
+    expect(lease.signal.aborted).toBe(true);
+    expect((lease.signal.reason as LeaseLostError).reason).toBe('expired');
+    await lease.release();
+    expect(lost).toEqual(['expired']);
+  });
+
+  it('withLock reports the loss even when fn returns before any timer ran', async () => {
+    const { clock, now } = frozenTimers();
+    const locks = new Locks({ backend: memoryBackend({ clock }), clock });
+    const error = await locks
+      .withLock('k', { ttlMs: 100 }, async () => {
+        now.t = 300; // a long synchronous stretch inside fn
+        return 'x';
+      })
+      .catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(LeaseLostError);
+    expect((error as LeaseLostError).reason).toBe('expired');
   });
 });
