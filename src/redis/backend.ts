@@ -5,7 +5,7 @@ import type {
 import { BackendUnavailableError, InvalidArgumentError } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, MAX_DURATION_MS } from '../core/validate.js';
 import {
-  checkKeyPrefix, connectUrl, deadline, decodeKey, encodeKey, globEscape, int, LuaScript, mapRedisError, wrapClient,
+  checkKeyPrefix, connectUrl, deadline, decodeKey, encodeKey, globEscape, int, LuaLibrary, LuaRunner, mapRedisError, wrapClient,
   type Conn, type RedisClientLike, type Subscriber,
 } from './client.js';
 
@@ -47,7 +47,7 @@ const SUBSCRIBER_RETRY_MS = 1_000;
 const PENDING_WAKE_MS = 30_000;
 
 // ---------------------------------------------------------------------------------------------
-// Lua shared by the scripts below. Keys of one lock (all in the slot of its hash tag):
+// Lua shared by the operations below and by redlock's scripts. Keys of one lock (all in the slot of its hash tag):
 //   meta     hash  t = last token, d = lock-delay end (server ms), qs = queue sequence,
 //                  w:<owner> = mode|expiresAt|wakeId|channel for each waiter
 //   holders  hash  <owner> = mode|token|expiresAt|lockDelayMs|session|label (expiresAt 0: the session decides)
@@ -166,24 +166,105 @@ end
 `;
 
 /**
- * Grants, or answers busy (enqueueing the caller when it will wait). The token is raised in the
- * same script as the grant: max(counter + 1, server TIME in µs), so a counter lost with the data
- * cannot bring tokens back while the server clock moves forward (I1).
- * KEYS: meta, holders, queue[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, queue (1|0),
- * queueTtl, session id, wake id, wake channel, session prefix, retain.
- * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
+ * Helpers of the redis backend's operations only (redlock keeps to the prelude).
+ * clock_us: one TIME call giving now in ms, in µs, and the µs as a decimal string (built from
+ * TIME's own digits: formatting a 16-digit number costs more than the redis.call).
+ * next_token: max(counter + 1, now in µs), the token floor of I1.
  */
-const ACQUIRE = new LuaScript('acquire', `${LUA_PRELUDE}
+const BACKEND_HELPERS = `
+local function clock_us()
+  local t = redis.call('TIME')
+  local s, us = t[1], t[2]
+  local sn, usn = tonumber(s), tonumber(us)
+  return sn * 1000 + math.floor(usn / 1000), sn * 1000000 + usn, s .. string.sub('00000' .. us, -6)
+end
+local function next_token(counter, now_us, now_us_s)
+  local c = tonumber(counter or '0') + 1
+  if c > now_us then return num(c) end
+  return now_us_s
+end
+local function wake_id(owner, ch)
+  if ch == '' then return '' end
+  return string.sub(redis.sha1hex(owner), 1, 20)
+end
+local function session_lock_delay(sk, sexp, ld)
+  if ld > 0 and ld > tonumber(redis.call('HGET', sk, 'ld') or '0') then
+    redis.call('HSET', sk, 'ld', num(ld))
+    redis.call('PEXPIREAT', sk, num(sexp + ld))
+  end
+end
+`;
+
+/**
+ * acquire: grants, or answers busy (enqueueing the caller when it will wait). The token is raised
+ * in the same call as the grant: max(counter + 1, server TIME in µs), so a counter lost with the
+ * data cannot bring tokens back while the server clock moves forward (I1).
+ * KEYS: meta, holders, queue[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, queue (1|0),
+ * queueTtl, session id, wake channel ('' when this client cannot be told), session prefix, retain.
+ * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
+ *
+ * Fast path, the common case: nobody holds the key or waits for it (Redis deletes an empty hash or
+ * zset, so one EXISTS tells) and no lock-delay runs: TIME, [session HGET], EXISTS, HMGET, two HSETs
+ * and one expiry command; no purge, no queue walk, no record parsing.
+ *
+ * release: compare-and-delete on owner and token. A holder without lock-delay is deleted whether
+ * or not it expired (a release and an expiry then end the same way, so its expiry need not be
+ * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
+ * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
+ * KEYS: meta, holders, queue. ARGV: owner, token, session prefix, retain. Returns 1 if released.
+ * Fast path: no lock-delay, and after the delete nobody holds or waits: HGET, HDEL, EXISTS, HGET of
+ * the lock-delay field, one expiry command.
+ *
+ * renew: extends the holder's expiry to now + ttl if owner and token match and it is still live
+ * (a lease bound to a session extends its session instead).
+ * KEYS: meta, holders, queue. ARGV: owner, token, ttl, session prefix, retain. Returns 1 if renewed.
+ *
+ * cancel: leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
+ * KEYS: meta, holders, queue. ARGV: owner, session prefix. Returns 1 if a place was removed.
+ *
+ * inspect: state of one lock (purging what expired). KEYS: meta, holders, queue. ARGV: session prefix.
+ * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
+ *
+ * session_open: a session living ttl from now (server clock). KEYS: session. ARGV: ttl.
+ * session_keepalive: the one renewal per client per interval: extends the session, and with it
+ * every lease bound to it, to now + ttl. The key outlives the expiry by the longest lock-delay of
+ * its leases (a tombstone from which purge starts their lock-delay). KEYS: session. ARGV: ttl.
+ * Returns 1 if alive.
+ * session_close: ends a live session (its leases are free at once, without lock-delay); an expired
+ * one keeps its tombstone. KEYS: session.
+ */
+const OPERATIONS = {
+  acquire: `
 local mk, hk, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, mode, ttl, ld, label = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local queued, qttl, ses, wake, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10]
-local sp, retain = ARGV[11], tonumber(ARGV[12])
-local now, now_us = clock()
+local queued, qttl, ses, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local sp, retain = ARGV[10], tonumber(ARGV[11])
+local now, now_us, now_us_s = clock_us()
 local sexp = 0
 if ses ~= '' then
   local e = redis.call('HGET', sk, 'e')
   if not e or tonumber(e) <= now then return {'L'} end
   sexp = tonumber(e)
+end
+if redis.call('EXISTS', hk, qk) == 0 then
+  local meta = redis.call('HMGET', mk, 't', 'd')
+  local d = tonumber(meta[2] or '0')
+  if d <= now then
+    local tok = next_token(meta[1], now_us, now_us_s)
+    -- a lock-delay that has ended is cleared, so release can skip TIME
+    if d > 0 then redis.call('HSET', mk, 't', tok, 'd', '0') else redis.call('HSET', mk, 't', tok) end
+    if ses == '' then
+      local exp = now + ttl
+      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. num(ld) .. '||' .. label)
+      redis.call('PEXPIREAT', hk, num(exp + ld))
+      redis.call('PEXPIREAT', mk, num(exp + ld + retain))
+    else
+      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|0|' .. num(ld) .. '|' .. ses .. '|' .. label)
+      redis.call('PERSIST', mk)
+      session_lock_delay(sk, sexp, ld)
+    end
+    return {'G', tok}
+  end
 end
 local meta = redis.call('HMGET', mk, 't', 'd')
 local live, d = purge(mk, hk, sp, now, tonumber(meta[2] or '0'))
@@ -200,16 +281,9 @@ end
 local clear, queue_empty = false, false
 if compatible(live, mode) and now >= d then clear, queue_empty = clear_ahead(mk, qk, owner, mode, queued, now) end
 if clear then
-  local t = tonumber(meta[1] or '0') + 1
-  if now_us > t then t = now_us end
-  local h = { owner = owner, mode = mode, tok = num(t), exp = 0, ld = ld, ses = ses, label = label }
+  local h = { owner = owner, mode = mode, tok = next_token(meta[1], now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
   redis.call('HSET', mk, 't', h.tok)
-  if ses == '' then
-    h.exp = now + ttl
-  elseif ld > 0 and ld > tonumber(redis.call('HGET', sk, 'ld') or '0') then
-    redis.call('HSET', sk, 'ld', num(ld))
-    redis.call('PEXPIREAT', sk, num(sexp + ld))
-  end
+  if ses == '' then h.exp = now + ttl else session_lock_delay(sk, sexp, ld) end
   redis.call('HSET', hk, owner, holder_record(h))
   live[#live + 1] = h
   if queued and not queue_empty and redis.call('ZREM', qk, owner) == 1 then
@@ -223,7 +297,7 @@ if queued then
   if not redis.call('ZSCORE', qk, owner) then
     redis.call('ZADD', qk, num(redis.call('HINCRBY', mk, 'qs', 1)), owner)
   end
-  redis.call('HSET', mk, 'w:' .. owner, mode .. '|' .. num(now + qttl) .. '|' .. wake .. '|' .. ch)
+  redis.call('HSET', mk, 'w:' .. owner, mode .. '|' .. num(now + qttl) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
 end
 gc(mk, hk, qk, live, d, now, retain)
 local soonest = -1
@@ -236,30 +310,43 @@ end
 local first = live[1]
 local retry = ''
 if soonest >= 0 then retry = num(soonest - now) end
-return {'B', first and first.label or '', retry}
-`);
+return {'B', first and first.label or '', retry}`,
 
-/**
- * Compare-and-delete: removes the holder only if owner and token match and it has not expired
- * (an expired holder is left to purge, which starts its lock-delay, I8), then tells the head
- * waiter, and only it, that it may go.
- * KEYS: meta, holders, queue. ARGV: owner, token, session prefix, retain. Returns 1 if released.
- */
-const RELEASE = new LuaScript('release', `${LUA_PRELUDE}
+  release: `
 local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, sp, retain = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local v = redis.call('HGET', hk, owner)
 if not v then return 0 end
-local h = holder(v)
-if h and h.tok ~= token then return 0 end
-local now = clock()
-local released = 0
-if h then
-  local exp = h.exp
-  if h.ses ~= '' then exp = session_expiry(sp, h.ses) end
-  if exp > now then
-    redis.call('HDEL', hk, owner)
-    released = 1
+local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
+if tok and tok ~= token then return 0 end
+local released, now = 0, 0
+if ld == '0' then
+  redis.call('HDEL', hk, owner)
+  released = 1
+  if redis.call('EXISTS', hk, qk) == 0 then
+    -- nobody else holds or waits: keep the counter retain from now, or from the end of a lock-delay
+    local d = redis.call('HGET', mk, 'd')
+    if not d or d == '0' then
+      redis.call('PEXPIRE', mk, ARGV[4])
+      return 1
+    end
+    now = clock()
+    local horizon = tonumber(d)
+    if now > horizon then horizon = now end
+    redis.call('PEXPIREAT', mk, num(horizon + retain))
+    return 1
+  end
+  now = clock()
+else
+  now = clock()
+  local h = holder(v)
+  if h then
+    local exp = h.exp
+    if h.ses ~= '' then exp = session_expiry(sp, h.ses) end
+    if exp > now then
+      redis.call('HDEL', hk, owner)
+      released = 1
+    end
   end
 end
 local d = tonumber(redis.call('HGET', mk, 'd') or '0')
@@ -267,15 +354,9 @@ local live = {}
 if released == 0 or redis.call('EXISTS', hk) == 1 then live, d = purge(mk, hk, sp, now, d) end
 local queue_empty = wake_head(mk, qk, live, d, now)
 gc(mk, hk, qk, live, d, now, retain, queue_empty)
-return released
-`);
+return released`,
 
-/**
- * Extends the holder's expiry to now + ttl if owner and token match and it is still live
- * (a lease bound to a session extends its session instead).
- * KEYS: meta, holders, queue. ARGV: owner, token, ttl, session prefix, retain. Returns 1 if renewed.
- */
-const RENEW = new LuaScript('renew', `${LUA_PRELUDE}
+  renew: `
 local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, ttl, sp, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local v = redis.call('HGET', hk, owner)
@@ -297,14 +378,9 @@ redis.call('HSET', hk, owner, holder_record(h))
 extend_at(hk, h.exp + h.ld, now)
 extend_at(mk, h.exp + h.ld + retain, now)
 extend_at(qk, h.exp + h.ld + retain, now)
-return 1
-`);
+return 1`,
 
-/**
- * Leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
- * KEYS: meta, holders, queue. ARGV: owner, session prefix. Returns 1 if a place was removed.
- */
-const CANCEL_WAIT = new LuaScript('cancel-wait', `${LUA_PRELUDE}
+  cancel: `
 local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
 local owner, sp = ARGV[1], ARGV[2]
 if not redis.call('ZSCORE', qk, owner) then
@@ -318,14 +394,9 @@ if first and first.owner == owner then
   local live, d = purge(mk, hk, sp, now, tonumber(redis.call('HGET', mk, 'd') or '0'))
   wake_head(mk, qk, live, d, now)
 end
-return 1
-`);
+return 1`,
 
-/**
- * State of one lock (purging what expired). KEYS: meta, holders, queue. ARGV: session prefix.
- * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
- */
-const INSPECT = new LuaScript('inspect', `${LUA_PRELUDE}
+  inspect: `
 local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
 local sp = ARGV[1]
 local now = clock()
@@ -345,45 +416,41 @@ for _, h in ipairs(live) do
   out[#out + 1] = num(h.exp - now)
   out[#out + 1] = h.label
 end
-return out
-`);
+return out`,
 
-/** Opens a session living ttl from now (server clock). KEYS: session. ARGV: ttl. */
-const SESSION_OPEN = new LuaScript('session-open', `${LUA_PRELUDE}
+  session_open: `
 local now = clock()
 local e = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'e', num(e), 'ld', '0')
 redis.call('PEXPIREAT', KEYS[1], num(e))
-return 1
-`);
+return 1`,
 
-/**
- * The one renewal per client per interval: extends the session, and with it every lease bound to
- * it, to now + ttl. The key outlives the expiry by the longest lock-delay of its leases (a
- * tombstone from which purge starts their lock-delay). KEYS: session. ARGV: ttl. Returns 1 if alive.
- */
-const SESSION_KEEPALIVE = new LuaScript('session-keepalive', `${LUA_PRELUDE}
+  session_keepalive: `
 local s = redis.call('HMGET', KEYS[1], 'e', 'ld')
 local now = clock()
 if not s[1] or tonumber(s[1]) <= now then return 0 end
 local e = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'e', num(e))
 redis.call('PEXPIREAT', KEYS[1], num(e + tonumber(s[2] or '0')))
-return 1
-`);
+return 1`,
 
-/** Ends a live session (its leases are free at once, without lock-delay); an expired one keeps its tombstone. KEYS: session. */
-const SESSION_CLOSE = new LuaScript('session-close', `${LUA_PRELUDE}
+  session_close: `
 local e = redis.call('HGET', KEYS[1], 'e')
 if e and tonumber(e) > clock() then redis.call('DEL', KEYS[1]) end
-return 1
-`);
+return 1`,
+} as const;
+
+/** The backend's operations: one Functions library (Redis 7+), or one script each (see {@link LuaLibrary}). */
+export const REDIS_LIBRARY = new LuaLibrary('leasehold', `${LUA_PRELUDE}${BACKEND_HELPERS}`, OPERATIONS);
 
 /**
  * Leases on one Redis server (or one Redis Cluster, without sessions).
  *
- * - One round trip per acquire, renew, release and session keep-alive: one script each (EVALSHA,
- *   EVAL on NOSCRIPT). Expiry is judged inside the scripts by the server's TIME (I7); key TTLs
+ * - One round trip per acquire, renew, release and session keep-alive: one call each, to a function
+ *   of the leasehold Functions library (FCALL; loaded on first use, and again if the server lost
+ *   it), or to a script (EVALSHA, EVAL on NOSCRIPT) where the server has no Functions or refuses
+ *   them, and on a Cluster. Calls made while others are in flight go out together in batches
+ *   (see {@link LuaRunner}). Expiry is judged inside the calls by the server's TIME (I7); key TTLs
  *   are garbage collection only. Release is compare-and-delete on owner and token (I4).
  * - Tokens: a grant's token is max(counter + 1, server TIME in µs), raised in the grant's script
  *   (I1, I2). Assumption, stated exactly: when the counter is lost (a restart without
@@ -421,57 +488,47 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     if (closed) throw new InvalidArgumentError('backend', 'this redis backend was closed');
   };
 
-  const run = async <T = unknown>(what: string, script: LuaScript, keys: readonly string[], args: readonly string[], onLate?: (value: T) => void): Promise<T> => {
-    ensureOpen();
-    return deadline(script.run(conn, keys, args) as Promise<T>, commandTimeoutMs, 'redis', what, onLate);
+  const runner = new LuaRunner(conn, REDIS_LIBRARY, { batching: true, timeoutMs: commandTimeoutMs, backend: 'redis' });
+  const run = <T = unknown>(what: string, op: string, keys: readonly string[], args: readonly string[], onLate?: (value: T) => void): Promise<T> => {
+    if (closed) return Promise.reject(new InvalidArgumentError('backend', 'this redis backend was closed'));
+    return runner.run<T>(op, keys, args, what, onLate);
   };
 
   const wakes = new WakeHub(conn, `${prefix}wake:${randomBytes(12).toString('hex')}`);
 
-  const release = async (req: ReleaseRequest): Promise<void> => {
-    await run('release', RELEASE, keysOf(req.key), [req.owner, req.token.toString(), sessionPrefix, retain]);
-  };
+  const release = (req: ReleaseRequest): Promise<void> =>
+    run('release', 'release', keysOf(req.key), [req.owner, req.token.toString(), sessionPrefix, retain]).then(ignore);
 
   const sessions: SessionSupport = {
     async open(ttlMs) {
       const id = randomBytes(16).toString('hex');
-      await run('session open', SESSION_OPEN, [sessionPrefix + id], [String(ttlMs)]);
+      await run('session open', 'session_open', [sessionPrefix + id], [String(ttlMs)]);
       return { id, ttlMs };
     },
     async keepAlive(id, ttlMs) {
-      return int(await run('session keep-alive', SESSION_KEEPALIVE, [sessionPrefix + id], [String(ttlMs)])) === 1;
+      return int(await run('session keep-alive', 'session_keepalive', [sessionPrefix + id], [String(ttlMs)])) === 1;
     },
     async close(id) {
-      await run('session close', SESSION_CLOSE, [sessionPrefix + id], []);
+      await run('session close', 'session_close', [sessionPrefix + id], []);
     },
   };
 
-  const backend: Backend = {
-    name: 'redis',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
-
-    async acquire(req: AcquireRequest): Promise<AcquireResult> {
-      ensureOpen();
-      const keys: string[] = keysOf(req.key);
-      let wake = '';
-      if (req.queue && (await wakes.ready())) wake = wakeIdOf(req.owner);
-      if (req.session !== undefined) keys.push(sessionPrefix + req.session);
-      const reply = await run<unknown[]>(
-        'acquire',
-        ACQUIRE,
-        keys,
-        [
-          req.owner, req.mode === 'shared' ? 's' : 'e', String(req.ttlMs), String(req.lockDelayMs), req.holder,
-          req.queue ? '1' : '0', String(req.queueTtlMs), req.session ?? '', wake, wake ? wakes.channel : '', sessionPrefix, retain,
-        ],
-        // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
-        (late) => {
-          if (Array.isArray(late) && late[0] === 'G') void release({ key: req.key, owner: req.owner, token: BigInt(String(late[1])), mode: req.mode }).catch(() => {});
-        },
-      );
+  const send = (req: AcquireRequest, wakeable: boolean): Promise<AcquireResult> => {
+    const keys: string[] = keysOf(req.key);
+    if (req.session !== undefined) keys.push(sessionPrefix + req.session);
+    const args = [
+      req.owner, req.mode === 'shared' ? 's' : 'e', String(req.ttlMs), String(req.lockDelayMs), req.holder,
+      req.queue ? '1' : '0', String(req.queueTtlMs), req.session ?? '', wakeable ? wakes.channel : '', sessionPrefix, retain,
+    ];
+    // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
+    const onLate = (late: unknown[]): void => {
+      if (Array.isArray(late) && late[0] === 'G') void release({ key: req.key, owner: req.owner, token: BigInt(String(late[1])), mode: req.mode }).catch(() => {});
+    };
+    return run<unknown[]>('acquire', 'acquire', keys, args, onLate).then((reply) => {
       switch (reply[0]) {
         case 'G':
-          if (wake) wakes.forget(wake);
+          // A wake-up that reached us after an earlier busy answer is stale now.
+          if (wakeable) wakes.forgetOwner(req.owner);
           return { granted: true, token: BigInt(String(reply[1])), ttlMs: req.ttlMs };
         case 'B': {
           const holder = String(reply[1] ?? '');
@@ -480,7 +537,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
             granted: false,
             ...(holder ? { holder } : {}),
             ...(retry ? { retryInMs: Number(retry) } : {}),
-            ...(wake ? { cursor: { wake } satisfies WakeCursor } : {}),
+            ...(wakeable ? { cursor: { wake: wakeIdOf(req.owner) } satisfies WakeCursor } : {}),
           };
         }
         case 'L':
@@ -488,18 +545,31 @@ export function redisBackend(options: RedisBackendOptions): Backend {
         default:
           throw new BackendUnavailableError('redis', `acquire: unexpected reply ${JSON.stringify(reply)}`);
       }
+    });
+  };
+
+  const backend: Backend = {
+    name: 'redis',
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+
+    acquire(req: AcquireRequest): Promise<AcquireResult> {
+      if (closed) return Promise.reject(new InvalidArgumentError('backend', 'this redis backend was closed'));
+      if (!req.queue) return send(req, false);
+      // Queued waiters are told on this client's channel, once it is subscribed (the first time: wait for it).
+      const ready = wakes.ready();
+      return typeof ready === 'boolean' ? send(req, ready) : ready.then((ok) => send(req, ok));
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      const r = await run('renew', RENEW, keysOf(req.key), [req.owner, req.token.toString(), String(req.ttlMs), sessionPrefix, retain]);
+      const r = await run('renew', 'renew', keysOf(req.key), [req.owner, req.token.toString(), String(req.ttlMs), sessionPrefix, retain]);
       return int(r) === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
     },
 
     release,
 
     async cancelWait({ key, owner }) {
-      wakes.forget(wakeIdOf(owner));
-      await run('cancel wait', CANCEL_WAIT, keysOf(key), [owner, sessionPrefix]);
+      wakes.forgetOwner(owner);
+      await run('cancel wait', 'cancel', keysOf(key), [owner, sessionPrefix]);
     },
 
     async subscribe(_key: string, onChange: () => void, cursor?: unknown) {
@@ -529,7 +599,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       const all = [...metas];
       for (let i = 0; i < all.length; i += 100) {
         const batch = all.slice(i, i + 100);
-        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', INSPECT, [meta, `${meta}:h`, `${meta}:q`], [sessionPrefix])));
+        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta, `${meta}:h`, `${meta}:q`], [sessionPrefix])));
         batch.forEach((meta, j) => {
           const r = replies[j]!;
           const holders = [];
@@ -569,10 +639,15 @@ function isWakeCursor(value: unknown): value is WakeCursor {
   return typeof value === 'object' && value !== null && typeof (value as WakeCursor).wake === 'string' && (value as WakeCursor).wake !== '';
 }
 
-/** The public name of a waiter in wake messages: a digest of its owner id, never the id itself (I4). */
+/**
+ * The public name of a waiter in wake messages: a digest of its owner id, never the id itself (I4).
+ * The acquire operation derives the same name (`wake_id`) when it enqueues the waiter.
+ */
 function wakeIdOf(owner: string): string {
-  return createHash('sha1').update(owner).digest('base64url').slice(0, 20);
+  return createHash('sha1').update(owner).digest('hex').slice(0, 20);
 }
+
+function ignore(): void {}
 
 /**
  * This client's wake-up channel: one SUBSCRIBE per backend (on a second connection), messages
@@ -594,10 +669,14 @@ class WakeHub {
     this.channel = channel;
   }
 
-  /** True when wake-ups can be delivered now (subscribes on first use). */
-  async ready(): Promise<boolean> {
+  /** True when wake-ups can be delivered now (subscribes on first use, and only then answers later). */
+  ready(): boolean | Promise<boolean> {
     if (this.#closed) return false;
     if (this.#subscriber) return this.#subscriber.ready;
+    return this.#open();
+  }
+
+  async #open(): Promise<boolean> {
     if (!this.#sub) {
       if (performance.now() - this.#failedAt < SUBSCRIBER_RETRY_MS) return false;
       const opening = this.#conn.subscribe(this.channel, (message) => this.#deliver(message));
@@ -641,8 +720,9 @@ class WakeHub {
     };
   }
 
-  forget(wake: string): void {
-    this.#pending.delete(wake);
+  /** Drops a wake-up kept for this owner's waiter (it was granted, or gave up). */
+  forgetOwner(owner: string): void {
+    if (this.#pending.size > 0) this.#pending.delete(wakeIdOf(owner));
   }
 
   async close(): Promise<void> {

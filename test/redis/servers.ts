@@ -142,3 +142,8 @@ export function delta(before: Record<string, number>, after: Record<string, numb
   for (const [k, v] of Object.entries(after)) if (v - (before[k] ?? 0) > 0) out[k] = v - (before[k] ?? 0);
   return out;
 }
+
+/** Calls of leasehold's operations in a commandstats delta: FCALL (Functions) or EVALSHA/EVAL (scripts). */
+export function scriptCalls(d: Record<string, number>): number {
+  return (d.fcall ?? 0) + (d.evalsha ?? 0) + (d.eval ?? 0);
+}
