@@ -18,8 +18,11 @@ export function checkKey(value: unknown, argument = 'key'): string {
   if (value.length === 0) throw new InvalidArgumentError(argument, 'must not be empty');
   if (!value.isWellFormed()) throw new InvalidArgumentError(argument, 'contains a lone surrogate (not valid Unicode)');
   if (value.includes('\0')) throw new InvalidArgumentError(argument, 'must not contain NUL characters');
-  const bytes = utf8.encode(value).length;
-  if (bytes > MAX_KEY_BYTES) throw new InvalidArgumentError(argument, `is ${bytes} bytes long; at most ${MAX_KEY_BYTES} bytes`);
+  // UTF-8 takes at most 3 bytes per UTF-16 code unit, so only long keys need counting (encoding allocates).
+  if (value.length * 3 > MAX_KEY_BYTES) {
+    const bytes = utf8.encode(value).length;
+    if (bytes > MAX_KEY_BYTES) throw new InvalidArgumentError(argument, `is ${bytes} bytes long; at most ${MAX_KEY_BYTES} bytes`);
+  }
   return value;
 }
 
