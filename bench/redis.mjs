@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// `npm run bench -- redis [--seconds 2] [--rounds 3] [--url redis://…]`
+// `npm run bench -- redis [--seconds 2] [--rounds 3] [--url redis://…] [--only uncontended,contended,commands,renewals]`
 //
 // leasehold's Redis backend side by side with redlock 5 (defaults, and tuned to 1 ms polling),
 // redis-semaphore 5 (Mutex, defaults) and a hand-written floor (SET NX PX + compare-and-delete
@@ -245,7 +245,7 @@ async function renewals(name, url, admin) {
   const stats = async () => {
     const info = await admin.info('commandstats');
     const get = (c) => Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-    return get('evalsha') + get('eval') + get('pexpire') + get('expire');
+    return get('fcall') + get('evalsha') + get('eval') + get('pexpire') + get('expire');
   };
   let stop;
   let cadence;
@@ -336,6 +336,8 @@ await admin.ping();
 const version = /redis_version:(\S+)/.exec(await admin.info('server'))[1];
 
 const seconds = Number(opt('seconds', '2'));
+// --only runs some parts (default all): quicker runs while tuning; the recorded figures come from full runs.
+const only = new Set(opt('only', 'uncontended,contended,commands,renewals').split(','));
 const rounds = Number(opt('rounds', '3'));
 const names = ['leasehold', 'redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
 const uncontendedNames = ['leasehold', 'leasehold-autopipe', 'redlock', 'redis-semaphore', 'floor'];
@@ -347,12 +349,12 @@ console.log(`leasehold Redis benchmark — Redis ${version} at ${url}, Node ${pr
 console.log(`${rounds} interleaved rounds, ${seconds} s per scenario per library per round; hold ${HOLD_MS} ms in contended runs\n`);
 for (let round = 1; round <= rounds; round++) {
   process.stderr.write(`round ${round}/${rounds}:`);
-  for (const name of uncontendedNames) {
+  for (const name of only.has('uncontended') ? uncontendedNames : []) {
     process.stderr.write(` ${name}`);
     add('uncontended, 1 client in sequence (pairs/s)', name, await uncontended(name, url, 1, seconds));
     add('uncontended, 64 concurrent loops on distinct keys (pairs/s)', name, await uncontended(name, url, 64, seconds));
   }
-  for (const name of names) {
+  for (const name of only.has('contended') ? names : []) {
     process.stderr.write(` ${name}*`);
     const one = await contendedOneProcess(name, url, seconds);
     add('contended, 8 workers in 1 process: sections/s', name, one.perSecond);
@@ -373,7 +375,7 @@ for (let round = 1; round <= rounds; round++) {
   process.stderr.write('\n');
 }
 process.stderr.write('commands per section (MONITOR):');
-for (const name of names) {
+for (const name of only.has('commands') ? names : []) {
   process.stderr.write(` ${name}`);
   const c = await commandsPerSection(name, url);
   add('contended: client commands per critical section', name, c.client);
@@ -381,7 +383,7 @@ for (const name of names) {
 }
 process.stderr.write('\nrenewals (10,000 leases):');
 const cadences = {};
-for (const name of renewalNames) {
+for (const name of only.has('renewals') ? renewalNames : []) {
   process.stderr.write(` ${name}`);
   const r = await renewals(name, url, admin);
   add('renewal commands per second, 10,000 leases of ttl 3 s', name, r.perSecond);
