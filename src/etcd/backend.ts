@@ -73,10 +73,8 @@ interface Entry {
   /** Create revision: place in the queue, and the token once granted. */
   readonly rev: bigint;
   readonly lease: string;
-  /** Written as granted (at the grant on a free key, or just after a waiter's grant); others are inferred from their place. */
+  /** Written as granted (a grant on a free key, or one next to lock-delay markers); others are inferred from their place. */
   readonly granted: boolean;
-  /** The request has a lock-delay: if it expires while holding, a marker keeps the key. */
-  readonly delayed: boolean;
   readonly holder: string;
   /** The entry's lease belongs to this lock alone (no session): release revokes it. */
   readonly ownLease: boolean;
@@ -109,8 +107,6 @@ interface Pending {
   delayLease?: string;
   /** What the last call read (the next call starts from it). */
   view?: View;
-  /** The key of our predecessor, seen deleted after its grant (a release, or an expiry without lock-delay): nothing is ahead of us now. */
-  freed?: string;
   touchedAt: number;
 }
 
@@ -126,12 +122,10 @@ interface SessionRecord {
   readonly delays: Map<number, Promise<string>>;
   /** Last open, keep-alive or acquire (monotonic ms): a session core stopped using (lost by validity) is forgotten. */
   usedAt: number;
-  /** When the last open or keep-alive that etcd confirmed was sent (monotonic ms). */
-  confirmedAt: number;
 }
 
-const entryValue = (holder: string, ownLease: boolean, granted: boolean, delayed: boolean): string =>
-  JSON.stringify({ h: holder, o: ownLease ? 1 : 0, g: granted ? 1 : 0, d: delayed ? 1 : 0 });
+const entryValue = (holder: string, ownLease: boolean, granted: boolean): string =>
+  JSON.stringify({ h: holder, o: ownLease ? 1 : 0, g: granted ? 1 : 0 });
 const delayValue = (holder: string, token: bigint | undefined): string => JSON.stringify({ h: holder, t: token?.toString() ?? '' });
 
 function parseJson(kv: IKeyValue): Record<string, unknown> {
@@ -283,28 +277,12 @@ class EtcdBackend implements Backend {
         delayLease = p.delayLease;
       }
       const base = op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)));
-      const delayed = req.lockDelayMs > 0;
-      const value = entryValue(req.holder, hold.own, false, delayed);
-      const grantedValue = entryValue(req.holder, hold.own, true, delayed);
+      const value = entryValue(req.holder, hold.own, false);
+      const grantedValue = entryValue(req.holder, hold.own, true);
       const granted = (token: bigint): AcquireResult => {
         this.#pending.delete(req.owner);
         return { granted: true, token, ttlMs: hold.ttlMs };
       };
-      /**
-       * A waiter's grant is written down after the fact (not on the hand-off path): the next
-       * waiter's watch sees it in the deleted entry and can take over without a read, and inspect
-       * tells holders from waiters next to an expired holder's lock-delay marker.
-       */
-      const markGranted = (rev: bigint): void => {
-        void this.#txn('mark grant', [cmp.createdAt(entryKey, rev)], [op.put(entryKey, grantedValue, hold.id)], []).catch(() => {});
-      };
-
-      // Woken because our predecessor, an exclusive holder, went away: nothing can be ahead of us.
-      const handOff = this.#handOff(req, p, entryKey);
-      if (handOff !== undefined && delayLease === undefined) {
-        markGranted(handOff);
-        return granted(handOff);
-      }
 
       let view: View | undefined;
       for (let round = 0; round < MAX_ROUNDS; round++) {
@@ -334,17 +312,15 @@ class EtcdBackend implements Backend {
             return await this.#wait(req.owner, p, view, own, req.mode, layout);
           }
           if (delayLease === undefined) {
-            if (!own.granted) markGranted(own.rev);
+            // Next to lock-delay markers, a grant must be written down: once a marker's holder expires,
+            // the place alone no longer tells a holder from a waiter (inspect). Not on the hand-off path.
+            if (view.delays.length > 0) {
+              void this.#txn('mark grant', [cmp.createdAt(entryKey, own.rev)], [op.put(entryKey, grantedValue, hold.id)], []).catch(() => {});
+            }
             return granted(own.rev);
           }
-          // Lock-delay: the marker goes in before the grant is reported, while our entry is still there
-          // (and the entry is marked granted in the same step).
-          const r = await this.#txn(
-            'lock-delay marker',
-            [cmp.createdAt(entryKey, own.rev)],
-            [op.put(layout.delay(req.owner), delayValue(req.holder, own.rev), delayLease), op.put(entryKey, grantedValue, hold.id)],
-            [base],
-          );
+          // Lock-delay: the marker goes in before the grant is reported, while our entry is still there.
+          const r = await this.#txn('lock-delay marker', [cmp.createdAt(entryKey, own.rev)], [op.put(layout.delay(req.owner), delayValue(req.holder, own.rev), delayLease)], [base]);
           if (r.succeeded) return granted(own.rev);
           view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
           continue;
@@ -389,38 +365,6 @@ class EtcdBackend implements Backend {
       if (mapped.retryable) this.#abandonLater(req);
       throw mapped;
     }
-  }
-
-  /**
-   * The hand-off without a read: the waiter's watch saw its predecessor's entry deleted, and the
-   * entry said it had been granted, exclusive, without lock-delay. An exclusive entry is granted
-   * only when nothing is ahead of it, and nobody can get ahead of an entry later, so nothing is
-   * ahead of ours now, and no lock-delay marker can block us (the only holder ahead had none). Our
-   * own entry still exists if our session does (etcd issue 11456): the session's last keep-alive
-   * that etcd confirmed was sent less than half a ttl ago, so its lease cannot have expired (it
-   * could have been revoked by hand: then core learns it at the next keep-alive, as every holder
-   * of that session does). Exclusive session requests only; anything else reads.
-   */
-  #handOff(req: AcquireRequest, p: Pending, entryKey: string): bigint | undefined {
-    const freed = p.freed;
-    p.freed = undefined;
-    if (freed === undefined || req.session === undefined || req.mode !== 'exclusive' || !p.view) return undefined;
-    const own = p.view.entries.find((e) => e.key === entryKey);
-    if (!own || orphans(p.view).length > 0) return undefined;
-    const blockers = ahead(p.view, own, req.mode);
-    if (blockers[blockers.length - 1]?.key !== freed) return undefined;
-    const session = this.#sessionTable.get(req.session);
-    if (!session || session.ttlMs <= 0 || performance.now() - session.confirmedAt > session.ttlMs / 2) return undefined;
-    return own.rev;
-  }
-
-  /** A waiter's watch saw `key` deleted: remember it if it was the predecessor, granted, exclusive, without lock-delay. */
-  #deleted(owner: string, key: string, previous: IKeyValue | undefined): void {
-    const p = this.#pending.get(owner);
-    if (!p || !previous) return;
-    const parsed = parseKey(this.#prefix, key);
-    const v = parseJson(previous);
-    if (parsed?.kind === 'entry' && parsed.mode === 'exclusive' && v.g === 1 && v.d !== 1) p.freed = key;
   }
 
   async #read(layout: KeyLayout): Promise<View> {
@@ -627,8 +571,7 @@ class EtcdBackend implements Backend {
   async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
     this.#ensureOpen();
     const c = isCursor(cursor) ? cursor : undefined;
-    const owner = c?.owner;
-    const wake = new Wake(this.#client, onChange, this.#timeoutMs, owner === undefined ? undefined : (k, previous) => this.#deleted(owner, k, previous));
+    const wake = new Wake(this.#client, onChange, this.#timeoutMs);
     if (c?.owner !== undefined) {
       this.#wakes.get(c.owner)?.close();
       this.#wakes.set(c.owner, wake);
@@ -688,11 +631,10 @@ class EtcdBackend implements Backend {
   async #sessionOpen(ttlMs: number): Promise<{ id: string; ttlMs: number }> {
     this.#ensureOpen();
     try {
-      const sentAt = performance.now();
       const r = await this.#client.leaseClient.leaseGrant({ TTL: Math.ceil(ttlMs / 1000) }, deadline(this.#timeoutMs));
       const id = String(r.ID);
       const effective = Number(r.TTL) * 1000; // etcd raises a ttl below its minimum
-      this.#sessionTable.set(id, { ttlMs: effective, delays: new Map(), usedAt: sentAt, confirmedAt: sentAt });
+      this.#sessionTable.set(id, { ttlMs: effective, delays: new Map(), usedAt: performance.now() });
       return { id, ttlMs: effective };
     } catch (error) {
       throw mapError('open session', error);
@@ -711,14 +653,12 @@ class EtcdBackend implements Backend {
     if (s) s.usedAt = performance.now();
     try {
       const delayIds = s ? (await Promise.allSettled(s.delays.values())).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])) : [];
-      const sentAt = performance.now();
       const ttls = await keepAliveOnce(this.#client, [...delayIds, id], this.#timeoutMs);
       if ((ttls.get(id) ?? 0) <= 0 || delayIds.some((d) => (ttls.get(d) ?? 0) <= 0)) {
         // Gone: its delay leases are left to expire (that is the lock-delay of an expiry).
         this.#sessionTable.delete(id);
         return false;
       }
-      if (s) s.confirmedAt = Math.max(s.confirmedAt, sentAt);
       return true;
     } catch (error) {
       if (isLeaseNotFound(error)) return false;
@@ -742,7 +682,7 @@ class EtcdBackend implements Backend {
   /** The lease of lock-delay markers of `session`'s locks with `lockDelayMs`: ttl = session ttl + delay + 1 s. */
   #sessionDelayLease(session: string, lockDelayMs: number): Promise<string> {
     let s = this.#sessionTable.get(session);
-    if (!s) this.#sessionTable.set(session, (s = { ttlMs: 0, delays: new Map(), usedAt: performance.now(), confirmedAt: -Infinity }));
+    if (!s) this.#sessionTable.set(session, (s = { ttlMs: 0, delays: new Map(), usedAt: performance.now() }));
     s.usedAt = performance.now();
     const record = s;
     let lease = record.delays.get(lockDelayMs);
@@ -835,10 +775,7 @@ function parseView(prefix: string, kvs: readonly IKeyValue[], revision: bigint):
     const v = parseJson(kv);
     const holder = typeof v.h === 'string' ? v.h : '';
     if (parsed.kind === 'entry') {
-      entries.push({
-        key, encOwner: parsed.encOwner, mode: parsed.mode, rev: BigInt(kv.create_revision), lease: String(kv.lease),
-        granted: v.g === 1, delayed: v.d === 1, holder, ownLease: v.o === 1,
-      });
+      entries.push({ key, encOwner: parsed.encOwner, mode: parsed.mode, rev: BigInt(kv.create_revision), lease: String(kv.lease), granted: v.g === 1, holder, ownLease: v.o === 1 });
     } else {
       const token = typeof v.t === 'string' && /^[0-9]+$/.test(v.t) ? BigInt(v.t) : BigInt(kv.create_revision);
       delays.push({ key, encOwner: parsed.encOwner, lease: String(kv.lease), holder, token });

@@ -9,7 +9,7 @@
  * closed by reading the watched keys once the watch is active: a key already gone (or replaced)
  * wakes the waiter right away.
  */
-import type { IKeyValue, IWatchResponse, Watcher } from 'etcd3';
+import type { IWatchResponse, Watcher } from 'etcd3';
 import { deadline, op, readKvs, type EtcdClient } from './rpc.js';
 
 /** What to watch: deletions of single keys, or (with `prefix`) of every key under a prefix. */
@@ -39,8 +39,6 @@ export class Wake {
     private readonly client: EtcdClient,
     private readonly onChange: () => void,
     private readonly timeoutMs: number,
-    /** Told first of each deletion seen, with the deleted key's last value (before `onChange`). */
-    private readonly onDelete?: (key: string, previous: IKeyValue | undefined) => void,
   ) {}
 
   /** Watches `target` instead of what was watched before; resolves once the watches are active and the gap is checked. */
@@ -54,18 +52,13 @@ export class Wake {
     const fire = (): void => {
       if (!this.#closed && generation === this.#generation) this.onChange();
     };
-    const deleted = (kv: IKeyValue, previous?: IKeyValue): void => {
-      if (this.#closed || generation !== this.#generation) return;
-      this.onDelete?.(kv.key.toString('utf8'), previous);
-      fire();
-    };
     const watchers: Watcher[] = [];
     const builders = target.prefix !== undefined ? [this.client.watch().prefix(target.prefix)] : target.keys.map((k) => this.client.watch().key(k));
     for (const builder of builders) {
       // Only deletions (release, expiry, a waiter leaving) wake us. etcd3 1.1's `only('delete')` sets
       // the NOPUT filter as it should (its `ignore` is an alias of `only`, so `ignore('put')` would drop deletes).
-      const w = builder.only('delete').withPreviousKV().watcher();
-      w.on('delete', deleted);
+      const w = builder.only('delete').watcher();
+      w.on('delete', fire);
       w.on('error', fire); // a canceled watch: ask again rather than wait blind
       watchers.push(w);
     }
