@@ -3,7 +3,8 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startCluster, type Cluster } from './fixtures/etcd-cluster.mjs';
 import { ERROR_CODES } from '../src/index.js';
 import * as errors from '../src/core/errors.js';
 
@@ -14,7 +15,7 @@ const examples = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!)
 const commands = [...readme.matchAll(/```sh\n([\s\S]*?)```/g)].flatMap((m) => m[1]!.split('\n').filter((line) => line.startsWith('npx leasehold ')));
 
 /** The examples name their servers the way users' apps do; point those names at the test servers. */
-const exampleEnv = {
+const exampleEnv: NodeJS.ProcessEnv = {
   ...process.env,
   LEASEHOLD_URL: '',
   DATABASE_URL: process.env.LEASEHOLD_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
@@ -22,6 +23,16 @@ const exampleEnv = {
 };
 
 describe('README', () => {
+  // The etcd example needs a member: one of the test's own, on free ports.
+  let etcd: Cluster | undefined;
+  beforeAll(async () => {
+    etcd = await startCluster({ members: 1 });
+    exampleEnv.ETCD_HOSTS = etcd.endpoints.join(',');
+  }, 60_000);
+  afterAll(async () => {
+    await etcd?.stop();
+  });
+
   it('has examples to run', () => {
     expect(examples.length).toBeGreaterThanOrEqual(2);
   });

@@ -94,7 +94,7 @@ interface LeaseRecord {
   grantedAt: number;
   releaseAt: number | undefined;
   /** When the worker learned of the loss: its signal fired, or it found `lease.held` false when it released. */
-  learned: { t: number; due: number | null; running: boolean; via: 'signal' | 'held' } | undefined;
+  learned: { t: number; due: number | null; running: boolean } | undefined;
   /** Last validity deadline reported. */
   until: number | undefined;
 }
@@ -141,11 +141,8 @@ export function check(input: CheckInput): CheckOutput {
     if (e.type !== 'release' && e.type !== 'lost') continue;
     const l = leases.get(leaseKey(e.w, e.token));
     if (!l) continue;
-    if (e.type === 'lost' && !l.learned) l.learned = { t: e.t, due: e.due, running: e.running, via: 'signal' };
-    if (e.type === 'release' && l.releaseAt === undefined) {
-      l.releaseAt = e.t;
-      if (e.expired && !l.learned) l.learned = { t: e.t, due: e.expired.due, running: e.expired.running, via: 'held' };
-    }
+    if (e.type === 'lost' && !l.learned) l.learned = { t: e.t, due: e.due, running: e.running };
+    if (e.type === 'release' && l.releaseAt === undefined) l.releaseAt = e.t;
   }
   for (const e of of('validity')) {
     const l = leases.get(leaseKey(e.w, e.token));
@@ -299,8 +296,7 @@ function checkLoss(
   durable: boolean,
 ): CheckResult {
   const violations: string[] = [];
-  const n = { handedOff: 0, inTime: 0, frozen: 0, tick: 0, stalled: 0, slow: 0, stateLost: 0, unfinished: 0, silent: 0 };
-  for (const l of leases) if (l.learned?.via === 'held') n.silent++;
+  const n = { handedOff: 0, inTime: 0, frozen: 0, tick: 0, stalled: 0, slow: 0, stateLost: 0, unfinished: 0 };
   let worstResume = 0;
   const sorted = [...leases].sort((a, b) => (a.token < b.token ? -1 : a.token > b.token ? 1 : 0));
   const frozenAt = (w: number, t: number): Interval | undefined => (freezes.get(w) ?? []).find((f) => f.from - FREEZE_SLACK_MS <= t && t <= f.to);
@@ -384,9 +380,6 @@ function checkLoss(
       ? [`not checked: ${[n.slow ? `${n.slow} with a clock slower than 1 − driftFactor` : '', n.stateLost ? `${n.stateLost} across a crash that lost the coordinator's state` : ''].filter(Boolean).join(', ')}`]
       : []),
     `${n.handedOff} hand-offs after a release`,
-    ...(n.silent > 0
-      ? [`note: ${n.silent} leases were released after their validity ran out, before their overdue validity timer ran (lease.held was false), so lease.signal never fired`]
-      : []),
   ];
   return result('i6', 'I6: loss signalled in time', violations, text.join('; '));
 }

@@ -71,13 +71,8 @@ export type WorkerEvent =
    * not running — frozen or stalled — between its deadline and the signal).
    */
   | { type: 'lost'; t: number; w: number; token: string; reason: string; due: number | null; running: boolean }
-  /**
-   * Release requested. When the lease was no longer valid locally at that moment (`lease.held`
-   * false) but its signal had not fired, `expired` carries the same facts as a `lost` event:
-   * the process knew, through the lease, that it had lost it (and the signal, released first,
-   * never fires).
-   */
-  | { type: 'release'; t: number; w: number; op: string; token: string; expired?: { due: number | null; running: boolean } }
+  /** Release requested (a lease whose validity ran out was already reported `lost`: core makes the loss official when the lease is looked at). */
+  | { type: 'release'; t: number; w: number; op: string; token: string }
   | { type: 'released'; t: number; w: number; op: string; token: string; error?: string }
   /** The worker applied a clock rate (the initial one at start, with its offset). */
   | { type: 'clock'; t: number; w: number; rate: number; offsetMs: number }

@@ -119,11 +119,15 @@ async function main(): Promise<void> {
       current = entry;
       emit({ type: 'granted', op, token, ttlMs: lease.ttlMs });
       emit({ type: 'validity', token, until: entry.due! });
-      lease.signal.addEventListener('abort', () => {
+      const onLost = (): void => {
         const at = now();
         const reason = lease.signal.reason instanceof LeaseLostError ? lease.signal.reason.reason : 'unknown';
         emit({ type: 'lost', token, reason, due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) });
-      }, { once: true });
+      };
+      // A freeze can land anywhere, even here: a lease whose validity ran out meanwhile is already
+      // lost when we first look at its signal, and an abort listener added now would never run.
+      if (lease.signal.aborted) onLost();
+      else lease.signal.addEventListener('abort', onLost, { once: true });
 
       let read = 0;
       let readOk = true;
@@ -152,12 +156,9 @@ async function main(): Promise<void> {
           else emit({ type: 'write-failed', op, token, error: describeError(error) });
         }
       }
-      if (!lease.held && !lease.signal.aborted) {
-        // Validity ran out (a pause ended in this very turn of the event loop) and the overdue
-        // validity timer has not run yet: say so, since release() will keep the signal from firing.
-        const at = now();
-        emit({ type: 'release', op, token, expired: { due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) } });
-      } else emit({ type: 'release', op, token });
+      // A lease whose validity ran out during a pause is lost as soon as it is looked at (core makes
+      // the loss official before the overdue timer runs), so release() never hides a loss.
+      emit({ type: 'release', op, token });
       try {
         await lease.release();
         emit({ type: 'released', op, token });

@@ -141,17 +141,17 @@ describe('verify: the checker', () => {
       expect(late.violations[0]).toMatch(/signal fired 300 ms after SIGCONT/);
     });
 
-    it('a release with lease.held false right after SIGCONT counts as knowing (and is noted)', () => {
+    it('a lease released after SIGCONT without its loss ever signalled is a violation', () => {
       const events: HistoryEvent[] = [
         ...op(1, 1, 1, 0, { write: 'none', release: null }),
-        { type: 'release', t: 801, w: 1, op: 'w1.1', token: '1', expired: { due: 296, running: false } },
+        { type: 'release', t: 801, w: 1, op: 'w1.1', token: '1' },
         { type: 'pause', t: 100, w: 1, pid: 1, plannedMs: 700 },
         { type: 'resume', t: 800, w: 1, pid: 1 },
         ...op(2, 1, 2, 399, { write: 'none' }),
       ];
       const r = run(events, final([])).i6!;
-      expect(r.verdict).toBe('pass');
-      expect(r.summary).toMatch(/note: 1 leases were released after their validity ran out/);
+      expect(r.verdict).toBe('fail');
+      expect(r.violations.join('\n')).toMatch(/released it at 0\.801s as if still valid/);
     });
 
     it('a stalled event loop (no timer ran after the deadline) is not a violation', () => {
