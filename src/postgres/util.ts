@@ -62,8 +62,12 @@ export function guardClient(client: PgClient, onError: (error: Error) => void): 
   return () => client.removeListener?.('error', onError);
 }
 
-/** Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent first uses do not race in the catalog. */
-export async function createOnce(pool: PgPool, lockName: string, statements: string[]): Promise<void> {
+/**
+ * Runs `fn` in one transaction on one pooled client: BEGIN, `fn(client)`, COMMIT; ROLLBACK and
+ * rethrow on error. A client whose connection broke (an 'error' event, a failed ROLLBACK) is
+ * destroyed rather than returned to the pool.
+ */
+export async function withTransaction<T>(pool: PgPool, fn: (client: PgClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
   let broken: Error | undefined;
   const unguard = guardClient(client, (e) => {
@@ -71,9 +75,9 @@ export async function createOnce(pool: PgPool, lockName: string, statements: str
   });
   try {
     await client.query('BEGIN');
-    await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
-    for (const sql of statements) await client.query(sql);
+    const result = await fn(client);
     await client.query('COMMIT');
+    return result;
   } catch (error) {
     await client.query('ROLLBACK').catch((e: Error) => {
       broken = e;
@@ -83,4 +87,12 @@ export async function createOnce(pool: PgPool, lockName: string, statements: str
     unguard();
     client.release(broken);
   }
+}
+
+/** Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent first uses do not race in the catalog. */
+export async function createOnce(pool: PgPool, lockName: string, statements: string[]): Promise<void> {
+  await withTransaction(pool, async (client) => {
+    await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
+    for (const sql of statements) await client.query(sql);
+  });
 }

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { postgresFence } from '../postgres/fence.js';
-import { createOnce, guardClient, type PgClient, type PgPool } from '../postgres/util.js';
+import { createOnce, withTransaction, type PgClient, type PgPool } from '../postgres/util.js';
 import { STORE_NAMES, bounded, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
 
 const { counters, log, fences } = STORE_NAMES;
@@ -54,25 +54,10 @@ export function postgresWorkerStore(config: StoreConfig): WorkerStore {
       }),
     read: (resource) => readCounter(p as unknown as PgPool, resource),
     async plainWrite(resource, value, row) {
-      const client = (await p.connect()) as unknown as PgClient;
-      let broken: Error | undefined;
-      const unguard = guardClient(client, (e) => {
-        broken = e;
-      });
-      try {
-        await client.query('BEGIN');
+      await withTransaction(p as unknown as PgPool, async (client) => {
         await client.query(SQL.writeCounter, [resource, value]);
         await client.query(SQL.append, [resource, row.token.toString(), row.w, row.op, value]);
-        await client.query('COMMIT');
-      } catch (error) {
-        await client.query('ROLLBACK').catch((e: Error) => {
-          broken = e;
-        });
-        throw error;
-      } finally {
-        unguard();
-        client.release(broken);
-      }
+      });
     },
     close: () => bounded(p.end(), config.timeoutMs, 'close pool').catch(() => {}),
   };
