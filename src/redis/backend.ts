@@ -236,36 +236,41 @@ end
 const OPERATIONS = {
   acquire: `
 local mk, hk, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, mode, ttl, ld, label = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local queued, qttl, ses, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local sp, retain = ARGV[10], tonumber(ARGV[11])
+local owner, mode, ses = ARGV[1], ARGV[2], ARGV[8]
 local now, now_us, now_us_s = clock_us()
 local sexp = 0
 if ses ~= '' then
   local e = redis.call('HGET', sk, 'e')
-  if not e or tonumber(e) <= now then return {'L'} end
+  if not e then return {'L'} end
   sexp = tonumber(e)
+  if sexp <= now then return {'L'} end
 end
 if redis.call('EXISTS', hk, qk) == 0 then
   local meta = redis.call('HMGET', mk, 't', 'd')
-  local d = tonumber(meta[2] or '0')
+  local d = 0
+  if meta[2] and meta[2] ~= '0' then d = tonumber(meta[2]) end
   if d <= now then
     local tok = next_token(meta[1], now_us, now_us_s)
     -- a lock-delay that has ended is cleared, so release can skip TIME
     if d > 0 then redis.call('HSET', mk, 't', tok, 'd', '0') else redis.call('HSET', mk, 't', tok) end
+    -- ARGV[4], the lock-delay, is a decimal integer (the client formats it): stored as given
     if ses == '' then
-      local exp = now + ttl
-      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. num(ld) .. '||' .. label)
+      local ld = tonumber(ARGV[4])
+      local exp = now + tonumber(ARGV[3])
+      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
       redis.call('PEXPIREAT', hk, num(exp + ld))
-      redis.call('PEXPIREAT', mk, num(exp + ld + retain))
+      redis.call('PEXPIREAT', mk, num(exp + ld + tonumber(ARGV[11])))
     else
-      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|0|' .. num(ld) .. '|' .. ses .. '|' .. label)
+      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
       redis.call('PERSIST', mk)
-      session_lock_delay(sk, sexp, ld)
+      if ARGV[4] ~= '0' then session_lock_delay(sk, sexp, tonumber(ARGV[4])) end
     end
     return {'G', tok}
   end
 end
+local ttl, ld, label = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local queued, qttl, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[9]
+local sp, retain = ARGV[10], tonumber(ARGV[11])
 local meta = redis.call('HMGET', mk, 't', 'd')
 local live, d = purge(mk, hk, sp, now, tonumber(meta[2] or '0'))
 for _, h in ipairs(live) do
@@ -314,7 +319,7 @@ return {'B', first and first.label or '', retry}`,
 
   release: `
 local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
-local owner, token, sp, retain = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local owner, token, sp = ARGV[1], ARGV[2], ARGV[3]
 local v = redis.call('HGET', hk, owner)
 if not v then return 0 end
 local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
@@ -333,7 +338,7 @@ if ld == '0' then
     now = clock()
     local horizon = tonumber(d)
     if now > horizon then horizon = now end
-    redis.call('PEXPIREAT', mk, num(horizon + retain))
+    redis.call('PEXPIREAT', mk, num(horizon + tonumber(ARGV[4])))
     return 1
   end
   now = clock()
@@ -353,7 +358,7 @@ local d = tonumber(redis.call('HGET', mk, 'd') or '0')
 local live = {}
 if released == 0 or redis.call('EXISTS', hk) == 1 then live, d = purge(mk, hk, sp, now, d) end
 local queue_empty = wake_head(mk, qk, live, d, now)
-gc(mk, hk, qk, live, d, now, retain, queue_empty)
+gc(mk, hk, qk, live, d, now, tonumber(ARGV[4]), queue_empty)
 return released`,
 
   renew: `
@@ -517,7 +522,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     const keys: string[] = keysOf(req.key);
     if (req.session !== undefined) keys.push(sessionPrefix + req.session);
     const args = [
-      req.owner, req.mode === 'shared' ? 's' : 'e', String(req.ttlMs), String(req.lockDelayMs), req.holder,
+      req.owner, req.mode === 'shared' ? 's' : 'e', decimal(req.ttlMs), decimal(req.lockDelayMs), req.holder,
       req.queue ? '1' : '0', String(req.queueTtlMs), req.session ?? '', wakeable ? wakes.channel : '', sessionPrefix, retain,
     ];
     // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
@@ -648,6 +653,11 @@ function wakeIdOf(owner: string): string {
 }
 
 function ignore(): void {}
+
+/** A duration as the decimal integer the Lua stores as given (core passes integers; round a stray fraction up). */
+function decimal(ms: number): string {
+  return Number.isInteger(ms) ? String(ms) : String(Math.ceil(ms));
+}
 
 /**
  * This client's wake-up channel: one SUBSCRIBE per backend (on a second connection), messages
