@@ -12,7 +12,12 @@ import {
 export interface RedisBackendOptions {
   /** `redis://…` or `rediss://…`; leasehold opens (and closes) its own ioredis connections. Give this or `client`. */
   url?: string;
-  /** An ioredis (`Redis` or `Cluster`) or node-redis client you already have; it stays yours (never closed). */
+  /**
+   * An ioredis (`Redis` or `Cluster`) or node-redis client you already have; it stays yours (never
+   * closed). Leave ioredis's `enableAutoPipelining` off on it: leasehold batches concurrent calls
+   * itself, and auto-pipelining only adds a tick and a pipeline object to each call (measured:
+   * about 40 % slower in sequence, and slower with 64 concurrent callers too).
+   */
   client?: RedisClientLike;
   /** Prepended to every Redis key and channel leasehold uses; must not contain `{` or `}`. @default 'leasehold:' */
   prefix?: string;
