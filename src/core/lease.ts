@@ -213,7 +213,8 @@ export class LeaseImpl implements Lease {
   readonly token: bigint;
   readonly mode: LockMode;
   readonly sequencer: string;
-  readonly #controller = new AbortController();
+  /** Made on first use: most leases end by release and nobody looks at their signal. */
+  #controller: AbortController | undefined;
   readonly #ctx: LeaseContext;
   readonly #keeper: Keeper;
   readonly #acquiredAt: number;
@@ -247,7 +248,7 @@ export class LeaseImpl implements Lease {
 
   get signal(): AbortSignal {
     this.#sync();
-    return this.#controller.signal;
+    return (this.#controller ??= new AbortController()).signal;
   }
 
   get held(): boolean {
@@ -271,13 +272,13 @@ export class LeaseImpl implements Lease {
 
   async renew(): Promise<void> {
     this.#sync();
-    if (this.#state === 'lost') throw this.#controller.signal.reason as LeaseLostError;
+    if (this.#state === 'lost') throw this.signal.reason as LeaseLostError;
     if (this.#state === 'released') throw new LeaseLostError(this.key, this.token, 'released');
     try {
       await this.#keeper.renew();
     } catch (error) {
       // The keeper reports loss of the whole session with the first lease's name; report ours.
-      if ((this.#state as string) === 'lost') throw this.#controller.signal.reason as LeaseLostError;
+      if ((this.#state as string) === 'lost') throw this.signal.reason as LeaseLostError;
       throw error;
     }
   }
@@ -314,7 +315,7 @@ export class LeaseImpl implements Lease {
     this.#state = 'lost';
     this.#ctx.forget(this);
     const error = new LeaseLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause });
-    this.#controller.abort(error);
+    (this.#controller ??= new AbortController()).abort(error);
     this.#ctx.events.emit('lost', { key: this.key, token: this.token, reason, error, heldMs: this.#ctx.clock.now() - this.#acquiredAt });
   }
 

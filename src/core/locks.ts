@@ -85,10 +85,14 @@ type ResolvedAcquire = Required<Omit<AcquireOptions, 'signal'>> & { signal: Abor
 
 class Session {
   pending = 0;
+  /** When the session last became empty (clock time); undefined while it holds leases. */
+  idleSince: number | undefined;
   idleTimer: TimerHandle | undefined;
   constructor(
     readonly id: string,
     readonly keeper: Keeper,
+    /** The entry of `Locks.#sessions` that resolved to this session. */
+    readonly entry: Promise<Session>,
   ) {}
 }
 
@@ -378,10 +382,7 @@ export class Locks {
         o.autoRenew,
         (k) => k.stop(),
       );
-    if (session?.idleTimer) {
-      clock.clearTimeout(session.idleTimer);
-      session.idleTimer = undefined;
-    }
+    if (session) session.idleSince = undefined; // in use again; its idle timer (if any) sees that and stands down
     const lease = new LeaseImpl({
       ctx: this.#ctx,
       keeper,
@@ -404,7 +405,9 @@ export class Locks {
     if (existing) return existing;
     const sessions = backend.sessions!;
     const clock = this.#clock;
-    const opening = (async () => {
+    // eslint-disable-next-line prefer-const -- read inside the async body, after its first await
+    let opening!: Promise<Session>;
+    opening = (async () => {
       const sentAt = clock.now();
       const { id, ttlMs: effective } = await withTimeout(sessions.open(ttlMs), clock, this.#operationTimeoutMs, 'session open', ({ id }) => {
         void sessions.close(id).catch(() => {});
@@ -417,14 +420,12 @@ export class Locks {
         effective,
         true,
         (k) => {
-          if (k.lost) {
-            if (this.#sessions.get(ttlMs) === opening) this.#sessions.delete(ttlMs);
-            if (session.idleTimer) clock.clearTimeout(session.idleTimer);
-          } else this.#armIdle(backend, ttlMs, session);
+          if (k.lost) this.#forgetSession(ttlMs, session);
+          else this.#armIdle(backend, ttlMs, session);
         },
         'session-lost',
       );
-      session = new Session(id, keeper);
+      session = new Session(id, keeper, opening);
       return session;
     })();
     this.#sessions.set(ttlMs, opening);
@@ -434,19 +435,36 @@ export class Locks {
     return opening;
   }
 
-  /** An idle session is kept for a while (the next acquire reuses it), then closed. */
+  /**
+   * An idle session is kept for a while (the next acquire reuses it), then closed. One timer per
+   * idle period, not one per release: a session that is used again meanwhile is left alone.
+   */
   #armIdle(backend: Backend, ttlMs: number, session: Session): void {
-    if (session.idleTimer || session.keeper.lost || session.keeper.stopped) return;
-    session.idleTimer = this.#clock.setTimeout(() => {
+    if (session.keeper.lost || session.keeper.stopped) return;
+    session.idleSince ??= this.#clock.now();
+    if (session.idleTimer) return;
+    const idleMs = Math.max(ttlMs, SESSION_IDLE_MS);
+    const check = (): void => {
       session.idleTimer = undefined;
-      if (session.keeper.leases.size > 0 || session.pending > 0 || session.keeper.lost) return;
-      const current = this.#sessions.get(ttlMs);
-      void current?.then((s) => {
-        if (s === session) this.#sessions.delete(ttlMs);
-      });
+      if (session.keeper.lost || session.keeper.stopped) return;
+      if (session.idleSince === undefined || session.keeper.leases.size > 0 || session.pending > 0) return; // re-armed when it empties again
+      const left = session.idleSince + idleMs - this.#clock.now();
+      if (left > 0) {
+        session.idleTimer = this.#clock.setTimeout(check, left);
+        return;
+      }
+      this.#forgetSession(ttlMs, session);
       session.keeper.stop();
       void backend.sessions!.close(session.id).catch(() => {});
-    }, Math.max(ttlMs, SESSION_IDLE_MS));
+    };
+    session.idleTimer = this.#clock.setTimeout(check, idleMs);
+  }
+
+  /** Drops the session from the table at once, so no acquire picks it up after this. */
+  #forgetSession(ttlMs: number, session: Session): void {
+    if (this.#sessions.get(ttlMs) === session.entry) this.#sessions.delete(ttlMs);
+    if (session.idleTimer) this.#clock.clearTimeout(session.idleTimer);
+    session.idleTimer = undefined;
   }
 }
 

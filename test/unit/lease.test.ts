@@ -367,3 +367,25 @@ describe('code that resumes before the overdue timers', () => {
     expect((error as LeaseLostError).reason).toBe('expired');
   });
 });
+
+describe('idle sessions', () => {
+  it('are reused by back-to-back acquires and closed only after a whole idle period', async () => {
+    const clock = manualClock(0);
+    const inner = memoryBackend({ clock, sessions: true });
+    const calls = { open: 0, close: 0 };
+    const s = inner.sessions!;
+    const backend: Backend = { ...inner, sessions: { open: (t) => (calls.open++, s.open(t)), keepAlive: (id, t) => s.keepAlive(id, t), close: (id) => (calls.close++, s.close(id)) } };
+    const locks = new Locks({ backend, clock });
+    const cycle = async (): Promise<void> => (await locks.acquire('k', { ttlMs: 1_000 })).release();
+    await cycle();
+    await advance(clock, 4_000, 50);
+    await cycle(); // used again 4 s into the 5 s idle period
+    await advance(clock, 4_000, 50);
+    expect(calls).toEqual({ open: 1, close: 0 }); // 8 s after the first release, 4 s after the last
+    await advance(clock, 1_100, 50);
+    expect(calls).toEqual({ open: 1, close: 1 });
+    await cycle();
+    expect(calls.open).toBe(2);
+    await locks.close();
+  });
+});
