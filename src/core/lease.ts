@@ -88,15 +88,6 @@ export class Keeper {
     return Math.max(0, this.validUntil - this.ctx.clock.now());
   }
 
-  /** A new grant made under this keeper at `sentAt` extended it (sessions: the grant refreshes the session). */
-  extend(sentAt: number, ttlMs: number): void {
-    const until = sentAt + ttlMs - this.ctx.drift(ttlMs);
-    if (until > this.validUntil) {
-      this.validUntil = until;
-      this.#armValidity();
-    }
-  }
-
   add(lease: LeaseImpl): void {
     this.leases.add(lease);
   }
