@@ -273,6 +273,16 @@ export class Locks {
     let changed = false;
     let wakeCurrent: (() => void) | undefined;
     let queued = false;
+    // A grant whose answer came after we stopped listening belongs to nobody and is given back, unless
+    // it is the very grant this call ended with: a retry with the same owner gets an earlier grant
+    // back (same token), and giving that one back would release the caller's lease behind its back.
+    // Late answers that arrive while this call still runs wait until it has settled.
+    let settled = false;
+    let kept: bigint | undefined;
+    const late: bigint[] = [];
+    const giveBack = (token: bigint): void => {
+      if (token !== kept) void backend.release({ key, owner, token, mode: o.mode }).catch(() => {});
+    };
 
     const giveUp = (error: unknown): never => {
       this.#events.emit('acquireFailed', { key, waitedMs: clock.now() - start, error });
@@ -294,8 +304,11 @@ export class Locks {
               clock,
               this.#operationTimeoutMs,
               'acquire',
-              // A grant that arrives after we stopped listening belongs to nobody: give it back.
-              (late) => { if (late.granted) void backend.release({ key, owner, token: late.token, mode: o.mode }).catch(() => {}); },
+              (answer) => {
+                if (!answer.granted) return;
+                if (settled) giveBack(answer.token);
+                else late.push(answer.token);
+              },
             );
           } finally {
             if (session) {
@@ -319,6 +332,7 @@ export class Locks {
             continue;
           }
           queued = false;
+          kept = result.token;
           return this.#grant(backend, key, owner, o, result.token, result.ttlMs, sentAt, start, session);
         }
         if (result && !result.granted) {
@@ -365,6 +379,8 @@ export class Locks {
         changed = false;
       }
     } finally {
+      settled = true;
+      for (const token of late) giveBack(token);
       unsubscribe?.();
       if (queued && backend.cancelWait) void backend.cancelWait({ key, owner }).catch(() => {});
     }

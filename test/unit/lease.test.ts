@@ -29,6 +29,8 @@ function faulty(inner: Backend) {
     renew: 'ok' as 'ok' | 'fail' | 'hang' | 'gone',
     release: 'ok' as 'ok' | 'fail',
     acquireHang: false,
+    /** The coordinator grants at once, but its answer is held back until released from `hung`. */
+    acquireAnswerLate: false,
     renewCalls: 0,
     inFlight: 0,
     maxInFlight: 0,
@@ -40,6 +42,10 @@ function faulty(inner: Backend) {
     capabilities: inner.capabilities,
     acquire: async (req) => {
       if (control.acquireHang) return new Promise((resolve) => control.hung.push(() => resolve(inner.acquire(req))));
+      if (control.acquireAnswerLate) {
+        const answer = await inner.acquire(req);
+        return new Promise((resolve) => control.hung.push(() => resolve(answer)));
+      }
       return inner.acquire(req);
     },
     renew: async (req: RenewRequest): Promise<RenewResult> => {
@@ -267,6 +273,27 @@ describe('Lease on an injected clock', () => {
     await flush();
     control.acquireHang = false;
     expect(await newLocks().tryAcquire('k', { ttlMs: 300 })).not.toBeNull(); // …and released at once
+  });
+
+  it('a late answer to a timed-out acquire never gives back the grant that the retry of the same request got', async () => {
+    // The first attempt is granted at the coordinator but its answer is late: core times it out and
+    // asks again with the same owner, which gets the same grant back. When the late answer finally
+    // arrives, giving "it" back would release the caller's live lease behind its back.
+    const { backend, control } = faulty(coordinator);
+    const locks = new Locks({ backend, clock, operationTimeoutMs: 1_000, random: () => 0 });
+    control.acquireAnswerLate = true;
+    const pending = locks.acquire('k', { ttlMs: 10_000, waitMs: 5_000 });
+    await flush();
+    expect(control.hung).toHaveLength(1);
+    control.acquireAnswerLate = false;
+    await advance(clock, 1_050); // timed out; the retry gets the grant
+    const lease = await pending;
+    control.hung.shift()!(); // the first answer arrives at last
+    await flush();
+    expect(lease.held).toBe(true);
+    expect(await newLocks().tryAcquire('k')).toBeNull(); // still held at the coordinator
+    await lease.release();
+    expect(await newLocks().tryAcquire('k')).not.toBeNull();
   });
 
   it('close() releases held leases and rejects pending acquires', async () => {
