@@ -186,7 +186,12 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
         if (!s || s.expiresAt <= now) return { granted: false, sessionLost: true };
       }
       const mine = r.holders.get(req.owner);
-      if (mine) return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+      if (mine) {
+        // A retry whose earlier answer was lost: the same grant, its expiry counted from this request (I5).
+        if (mine.session === undefined) mine.expiresAt = now + req.ttlMs;
+        arm(req.key, r);
+        return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+      }
 
       const free = compatible(r, req.mode) && now >= r.delayUntil;
       const inQueue = r.queue.findIndex((w) => w.owner === req.owner);

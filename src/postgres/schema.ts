@@ -12,7 +12,7 @@ import { checkPgIdentifier, quotePg } from './util.js';
  * the acquire function to decide whether its DDL has to run. (A function whose result columns
  * change needs a DROP FUNCTION first: CREATE OR REPLACE cannot change them.)
  */
-export const SCHEMA_VERSION = 'leasehold-locks/1';
+export const SCHEMA_VERSION = 'leasehold-locks/2';
 
 /** Longest table name: the derived names (`<table>_waiters`, `<table>_acquire`, …) must stay within PostgreSQL's 63 bytes. */
 const MAX_TABLE_NAME = 50;
@@ -205,12 +205,14 @@ BEGIN
     v_changed := v_removed > 0;
 
     -- The holders left are live: is the caller one of them (a retried request whose answer was
-    -- lost gets its own grant back), does anyone conflict, who holds, when does the first expire.
+    -- lost gets its own grant back, its expiry counted from this request: I5), does anyone
+    -- conflict, who holds, when does the first expire.
     SELECT max(h.token) FILTER (WHERE h.owner = p_owner), coalesce(bool_or(p_mode = 'exclusive' OR h.mode = 'exclusive'), false),
            (array_agg(h.holder ORDER BY h.token))[1], min(h.expires_at)
       INTO v_token, v_conflict, v_holder, v_first_expiry
       FROM ${n.holders} h WHERE h.key = p_key;
     IF v_token IS NOT NULL THEN
+      UPDATE ${n.holders} h SET expires_at = v_now + p_ttl_ms * interval '1 millisecond' WHERE h.key = p_key AND h.owner = p_owner;
       IF v_changed THEN
         UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key;
         PERFORM ${n.notifyFn}(p_key);

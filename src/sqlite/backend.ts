@@ -170,7 +170,11 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     const epoch = clock.epoch;
     const holders = purge(req.key, now, epoch);
     const mine = holders.find((h) => h.owner === req.owner);
-    if (mine) return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+    if (mine) {
+      // A retry whose earlier answer was lost: the same grant, its expiry counted from this request (I5).
+      s.renewHolder.run(now + req.ttlMs, req.key, req.owner, mine.token, epoch, now);
+      return { granted: true, token: mine.token, ttlMs: req.ttlMs };
+    }
     const t = s.selectTokenRow.get(req.key) as { delay_until: bigint; delay_epoch: string } | undefined;
     const delayUntil = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
     const compatible = holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared'));

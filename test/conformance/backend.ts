@@ -161,6 +161,29 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       }
     });
 
+    it('I5: a retried request that gets its own earlier grant back has it renewed from the retry', async () => {
+      // Core asks again with the same owner when an answer was lost or late; the coordinator gives
+      // back the grant it made then. Core counts the lease's validity from the retry, so the
+      // coordinator's expiry must count from the retry too, not from the first request.
+      const k = key('retry');
+      const backend = await h.connect();
+      try {
+        const request = { key: k, owner: 'owner-retry', mode: 'exclusive' as const, ttlMs: 3 * T, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2000 };
+        const first = await backend.acquire(request);
+        expect(first.granted).toBe(true);
+        await sleep(2 * T);
+        const again = await backend.acquire(request); // the same grant, or (Redlock) a new one replacing it
+        expect(again.granted).toBe(true);
+        if (!again.granted) return;
+        const [state] = await backend.inspect(k);
+        expect(state?.holders.map((h) => h.token)).toEqual([again.token]);
+        expect(state!.holders[0]!.expiresInMs).toBeGreaterThanOrEqual(again.ttlMs - T);
+        await backend.release({ key: k, owner: 'owner-retry', token: again.token, mode: 'exclusive' });
+      } finally {
+        await backend.close();
+      }
+    });
+
     it('background renewal keeps a lease well past its ttl', async () => {
       const k = key('renew');
       const a = await client();
