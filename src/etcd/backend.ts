@@ -311,7 +311,12 @@ class EtcdBackend implements Backend {
             if (!req.queue) break;
             return await this.#wait(req.owner, p, view, own, req.mode, layout);
           }
-          if (delayLease === undefined) {
+          // An earlier call of this caller was granted but its answer was lost: its entry hangs on
+          // that call's lease, not refreshed since. Put it on this call's lease (a put keeps the
+          // create revision, so the token stays) so expiry counts from this request (I5); the old
+          // leases go once the move is done.
+          const moved = own.lease !== hold.id;
+          if (delayLease === undefined && !moved) {
             // Next to lock-delay markers, a grant must be written down: once a marker's holder expires,
             // the place alone no longer tells a holder from a waiter (inspect). Not on the hand-off path.
             if (view.delays.length > 0) {
@@ -320,8 +325,13 @@ class EtcdBackend implements Backend {
             return granted(own.rev);
           }
           // Lock-delay: the marker goes in before the grant is reported, while our entry is still there.
-          const r = await this.#txn('lock-delay marker', [cmp.createdAt(entryKey, own.rev)], [op.put(layout.delay(req.owner), delayValue(req.holder, own.rev), delayLease)], [base]);
-          if (r.succeeded) return granted(own.rev);
+          const writes = moved ? [op.put(entryKey, grantedValue, hold.id)] : [];
+          if (delayLease !== undefined) writes.push(op.put(layout.delay(req.owner), delayValue(req.holder, own.rev), delayLease));
+          const r = await this.#txn(moved ? 'move grant' : 'lock-delay marker', [cmp.createdAt(entryKey, own.rev)], writes, [base]);
+          if (r.succeeded) {
+            if (moved && own.ownLease) this.#revokeLater(own.lease, view.delays.find((d) => d.encOwner === own.encOwner)?.lease);
+            return granted(own.rev);
+          }
           view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
           continue;
         }
