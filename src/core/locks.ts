@@ -107,6 +107,8 @@ export class Locks {
   readonly #leases = new Set<LeaseImpl>();
   readonly #sessions = new Map<number, Promise<Session>>();
   readonly #closing = new AbortController();
+  /** Acquires under way; `close()` lets them settle (each call is time-boxed) before it closes the backend. */
+  readonly #obtaining = new Set<Promise<unknown>>();
   readonly #ctx: LeaseContext;
   #backendSource: Backend | (() => Promise<Backend>);
   #backend: Promise<Backend> | undefined;
@@ -168,7 +170,7 @@ export class Locks {
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
     const k = checkKey(key);
     const o = this.#resolve(options);
-    const lease = await this.#obtain(k, o, true);
+    const lease = await this.#track(this.#obtain(k, o, true));
     return lease as Lease;
   }
 
@@ -176,7 +178,7 @@ export class Locks {
   async tryAcquire(key: string, options?: AcquireOptions): Promise<Lease | null> {
     const k = checkKey(key);
     const o = this.#resolve(options);
-    return this.#obtain(k, o, false);
+    return this.#track(this.#obtain(k, o, false));
   }
 
   /**
@@ -219,6 +221,8 @@ export class Locks {
 
   async #close(): Promise<void> {
     this.#closing.abort(new InvalidArgumentError('locks', 'this Locks instance was closed'));
+    // A grant on the wire when close() began is given back by its acquire: only while the backend is open.
+    await Promise.allSettled([...this.#obtaining]);
     await Promise.allSettled([...this.#leases].map((lease) => lease.release()));
     const sessions = await Promise.allSettled([...this.#sessions.values()]);
     this.#sessions.clear();
@@ -232,6 +236,15 @@ export class Locks {
       }),
     );
     if (backend) await backend.close().catch(() => {});
+  }
+
+  #track<T>(obtaining: Promise<T>): Promise<T> {
+    this.#obtaining.add(obtaining);
+    const forget = (): void => {
+      this.#obtaining.delete(obtaining);
+    };
+    obtaining.then(forget, forget);
+    return obtaining;
   }
 
   #resolve(options: AcquireOptions | undefined): ResolvedAcquire {
@@ -327,7 +340,7 @@ export class Locks {
         if (result?.granted) {
           if (session?.keeper.lost || this.#closing.signal.aborted) {
             // The session died (or we were closed) while the grant was on the wire: hand it back and try again.
-            await backend.release({ key, owner, token: result.token, mode: o.mode }).catch(() => {});
+            await withTimeout(backend.release({ key, owner, token: result.token, mode: o.mode }), clock, this.#operationTimeoutMs, 'release').catch(() => {});
             if (this.#closing.signal.aborted) giveUp(this.#closing.signal.reason);
             continue;
           }

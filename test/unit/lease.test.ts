@@ -6,7 +6,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.js';
 import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
-import { AcquireTimeoutError, BackendUnavailableError, LeaseLostError } from '../../src/core/errors.js';
+import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
 import { Locks } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
@@ -306,6 +306,29 @@ describe('Lease on an injected clock', () => {
     expect(await pending).toMatchObject({ code: 'INVALID_ARGUMENT' });
     await a.close();
     expect(await newLocks().tryAcquire('k')).not.toBeNull();
+  });
+
+  it('close() during an acquire whose answer is on the wire gives the grant back before closing the backend', async () => {
+    // A backend handle that refuses calls once closed, as real ones do.
+    let closed = false;
+    const hung: (() => void)[] = [];
+    const backend = Object.create(coordinator, {
+      acquire: { value: (req: Parameters<Backend['acquire']>[0]) => new Promise((resolve) => hung.push(() => resolve(coordinator.acquire(req)))) },
+      release: { value: async (req: Parameters<Backend['release']>[0]) => {
+        if (closed) throw new InvalidArgumentError('backend', 'closed');
+        return coordinator.release(req);
+      } },
+      close: { value: async () => { closed = true; } },
+    }) as Backend;
+    const locks = new Locks({ backend, clock });
+    const pending = locks.acquire('k', { ttlMs: 10_000 }).catch((e: unknown) => e);
+    await flush();
+    const closing = locks.close();
+    await flush();
+    hung.shift()!(); // granted, after close() began
+    await closing;
+    expect(await pending).toMatchObject({ code: 'INVALID_ARGUMENT' });
+    expect(await newLocks().tryAcquire('k')).not.toBeNull(); // not left held until its ttl
   });
 
   it('Symbol.asyncDispose releases; toJSON is loggable', async () => {
