@@ -7,7 +7,7 @@ import { TypedEmitter, type LockEvents } from './events.js';
 import { Keeper, LeaseImpl, toLeaseholdError, withTimeout, type Lease, type LeaseContext } from './lease.js';
 import { formatSequencer } from './token.js';
 import {
-  checkBoolean, checkInteger, checkKey, checkKnownOptions, checkMode, checkObject, checkPrefix, checkSignal, checkTtl,
+  checkBoolean, checkClock, checkInteger, checkKey, checkKnownOptions, checkMode, checkObject, checkPrefix, checkSignal, checkTtl,
   checkWait, describe, MAX_DURATION_MS, type LockMode,
 } from './validate.js';
 
@@ -131,7 +131,8 @@ export class Locks {
     const d = checkObject(o.defaults, 'defaults');
     checkKnownOptions(d, ACQUIRE_OPTION_NAMES.filter((n) => n !== 'signal'), 'defaults');
     this.#defaults = resolveAcquire(d, { ...DEFAULTS }, 'defaults');
-    this.#random = typeof o.random === 'function' ? (o.random as () => number) : Math.random;
+    if (o.random !== undefined && typeof o.random !== 'function') throw new InvalidArgumentError('random', `expected a function returning [0, 1), got ${describe(o.random)}`);
+    this.#random = (o.random as (() => number) | undefined) ?? Math.random;
     this.#ctx = {
       clock: this.#clock,
       events: this.#events,
@@ -515,14 +516,6 @@ function isBackend(value: unknown): value is Backend {
   if (typeof value !== 'object' || value === null) return false;
   const b = value as Record<string, unknown>;
   return ['acquire', 'renew', 'release', 'inspect', 'close'].every((m) => typeof b[m] === 'function') && typeof b.capabilities === 'object';
-}
-
-function checkClock(value: unknown): Clock {
-  const c = value as Clock;
-  if (typeof c !== 'object' || c === null || typeof c.now !== 'function' || typeof c.setTimeout !== 'function' || typeof c.clearTimeout !== 'function') {
-    throw new InvalidArgumentError('clock', 'expected { now(), setTimeout(fn, ms), clearTimeout(handle) }');
-  }
-  return c;
 }
 
 function checkHolderName(value: unknown): string {

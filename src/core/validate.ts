@@ -1,4 +1,4 @@
-import { MAX_TIMER_MS } from './clock.js';
+import { MAX_TIMER_MS, type Clock } from './clock.js';
 import { InvalidArgumentError } from './errors.js';
 
 /** Longest key, in UTF-8 bytes. Long enough for any composite name, short enough for every backend's key limits. */
@@ -69,6 +69,14 @@ export function checkSignal(value: unknown, argument = 'signal'): AbortSignal {
     throw new InvalidArgumentError(argument, `expected an AbortSignal, got ${describe(value)}`);
   }
   return value as AbortSignal;
+}
+
+export function checkClock(value: unknown, argument = 'clock'): Clock {
+  const c = value as Clock;
+  if (typeof c !== 'object' || c === null || typeof c.now !== 'function' || typeof c.setTimeout !== 'function' || typeof c.clearTimeout !== 'function') {
+    throw new InvalidArgumentError(argument, 'expected { now(), setTimeout(fn, ms), clearTimeout(handle) }');
+  }
+  return c;
 }
 
 export function checkObject(value: unknown, argument: string): Record<string, unknown> {

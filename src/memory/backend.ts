@@ -2,7 +2,7 @@ import type {
   AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
 } from '../core/backend.js';
 import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
-import { checkObject, checkKnownOptions, checkBoolean } from '../core/validate.js';
+import { checkObject, checkKnownOptions, checkBoolean, checkClock } from '../core/validate.js';
 import { InvalidArgumentError } from '../core/errors.js';
 import type { LockMode } from '../core/validate.js';
 
@@ -53,7 +53,7 @@ const SESSION_TOMBSTONE_MS = 3_600_000;
 export function memoryBackend(options?: MemoryBackendOptions): Backend {
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['clock', 'sessions'], 'options');
-  const clock = (o.clock as Clock | undefined) ?? systemClock;
+  const clock = o.clock === undefined ? systemClock : checkClock(o.clock, 'options.clock');
   const withSessions = o.sessions === undefined ? false : checkBoolean(o.sessions, 'options.sessions');
   const keys = new Map<string, KeyRecord>();
   const sessionTable = new Map<string, { expiresAt: number }>();

@@ -5,7 +5,7 @@ import type {
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import {
-  checkIdentifier, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase,
+  checkIdentifier, checkMachineClock, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase,
 } from './util.js';
 
 export interface SqliteBackendOptions {
@@ -41,7 +41,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     throw new InvalidArgumentError('database', 'expected a better-sqlite3 Database');
   }
   const table = checkIdentifier(o.table ?? 'leasehold_locks', 'table');
-  const clock = (o.clock as MachineClock | undefined) ?? machineClock();
+  const clock = o.clock === undefined ? machineClock() : checkMachineClock(o.clock);
   const ownsDb = o.path !== undefined;
 
   const locksT = quoteIdent(table);

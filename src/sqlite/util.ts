@@ -80,6 +80,14 @@ export interface MachineClock {
   readonly epoch: string;
 }
 
+export function checkMachineClock(value: unknown, argument = 'clock'): MachineClock {
+  const c = value as MachineClock | null;
+  if (typeof c !== 'object' || c === null || typeof c.now !== 'function' || typeof c.epoch !== 'string') {
+    throw new InvalidArgumentError(argument, `expected { now(), epoch: string }, got ${describe(value)}`);
+  }
+  return c;
+}
+
 let cachedMachineClock: MachineClock | undefined;
 
 export function machineClock(): MachineClock {

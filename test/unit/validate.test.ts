@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { createLocks, InvalidArgumentError, Locks, memoryBackend, MAX_KEY_BYTES } from '../../src/index.js';
 import { backendLoader } from '../../src/connect.js';
+import { sqliteBackend } from '../../src/sqlite/index.js';
 
 describe('bad input is refused at the boundary, naming the problem', () => {
   const locks = new Locks({ backend: memoryBackend() });
@@ -53,6 +54,10 @@ describe('bad input is refused at the boundary, naming the problem', () => {
     expect(() => backendLoader('etcd://nohostport')).toThrow(/host:port/);
     expect(() => backendLoader('redlock://a:1,b')).toThrow(/host:port/);
     expect(() => createLocks({ backend: memoryBackend(), url: 'memory:' })).toThrow(/either backend or url/);
+    // options that are only used later (a jitter, a coordinator's clock) are checked now, not when first called
+    expect(() => new Locks({ backend: memoryBackend(), random: 0.5 as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'random' }));
+    expect(() => memoryBackend({ clock: { now: 0 } as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'options.clock' }));
+    expect(() => sqliteBackend({ path: ':memory:', clock: { now: () => 0 } as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'clock' }));
   });
 
   it('defaults are documented values, frozen', async () => {
