@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { AcquireTimeoutError, LeaseLostError } from '../core/errors.js';
+import { AcquireTimeoutError, describeLoss, LeaseLostError } from '../core/errors.js';
 import type { Lease } from '../core/lease.js';
 import type { Locks } from '../core/locks.js';
 import type { LockMode } from '../core/validate.js';
@@ -197,10 +197,7 @@ async function whoHolds(locks: Locks, key: string): Promise<string> {
 function lossLine(lease: Lease): string {
   const reason = lease.signal.reason;
   if (reason instanceof LeaseLostError) {
-    // The error's message repeats key and token; keep only its explanation when it has the usual shape.
-    const at = reason.message.indexOf(' lost: ');
-    const why = at >= 0 ? reason.message.slice(at + ' lost: '.length) : reason.message;
-    return `lost the lease on ${shown(lease.key)} (token ${lease.token}): ${oneLine(why)} (${reason.reason})`;
+    return `lost the lease on ${shown(lease.key)} (token ${lease.token}): ${describeLoss(reason.reason)} (${reason.reason})`;
   }
   return `lost the lease on ${shown(lease.key)} (token ${lease.token}): ${oneLine(String(reason))}`;
 }

@@ -69,7 +69,8 @@ export class LeaseLostError extends LeaseholdError {
   }
 }
 
-function describeLoss(reason: LossReason): string {
+/** Why a lease was lost, in words (the explanation in a `LeaseLostError`'s message). */
+export function describeLoss(reason: LossReason): string {
   switch (reason) {
     case 'expired':
       return 'its validity ran out before a renewal succeeded';
