@@ -136,15 +136,17 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       throw mapError('create the lease tables', error);
     }));
 
-  const query = async (what: string, text: string, values: unknown[]): Promise<Record<string, unknown>[]> => {
+  /** One statement on the pool, after the schema check; driver errors become leasehold errors. */
+  const statement = async (what: string, text: string, values: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null }> => {
     if (closed) throw new InvalidArgumentError('backend', 'this postgres backend was closed');
     await init();
     try {
-      return (await pool.query(text, values)).rows;
+      return await pool.query(text, values);
     } catch (error) {
       throw mapError(what, error);
     }
   };
+  const query = async (what: string, text: string, values: unknown[]): Promise<Record<string, unknown>[]> => (await statement(what, text, values)).rows;
 
   const listener = listen
     ? new Listener({
@@ -196,14 +198,8 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      if (closed) throw new InvalidArgumentError('backend', 'this postgres backend was closed');
-      await init();
-      try {
-        const { rowCount } = await pool.query(RENEW, [req.key, req.owner, req.token.toString(), req.ttlMs]);
-        return rowCount === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
-      } catch (error) {
-        throw mapError('renew', error);
-      }
+      const { rowCount } = await statement('renew', RENEW, [req.key, req.owner, req.token.toString(), req.ttlMs]);
+      return rowCount === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
     },
 
     async release(req: ReleaseRequest): Promise<void> {
