@@ -18,7 +18,7 @@ export interface LockEvents {
   releaseFailed: { key: string; token: bigint; error: LeaseholdError };
   /** The lease was lost; `lease.signal` was aborted with `error` at the same moment. Never fires after `released`. */
   lost: { key: string; token: bigint; reason: LossReason; error: LeaseLostError; heldMs: number };
-  /** `acquire` gave up: timed out or aborted. */
+  /** `acquire` or `tryAcquire` gave up with `error`: a timeout, an abort, `close()`, or a coordinator error. Not fired when `tryAcquire` finds the key busy. */
   acquireFailed: { key: string; waitedMs: number; error: unknown };
 }
 
