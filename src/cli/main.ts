@@ -271,7 +271,10 @@ async function exit(code: number): Promise<never> {
 // command must still finish its cleanup (kill workers, release leases, remove temp files).
 for (const stream of [process.stdout, process.stderr]) {
   stream.on('error', (error: NodeJS.ErrnoException) => {
-    if (error.code !== 'EPIPE') throw error;
+    if (error.code === 'EPIPE') return;
+    // Output itself failed (a full disk behind a redirect, a closed terminal): nothing sensible
+    // can be printed any more; end with the internal-error code instead of a stack trace.
+    process.exitCode = EXIT.SOFTWARE;
   });
 }
 

@@ -364,10 +364,17 @@ export class Locks {
         if (!subscribed && backend.subscribe && !lastError) {
           subscribed = true;
           try {
-            unsubscribe = await backend.subscribe(key, () => {
-              changed = true;
-              wakeCurrent?.();
-            }, lastBusy?.cursor);
+            // Bounded like every coordinator call; a subscription that arrives too late is ended at once.
+            unsubscribe = await withTimeout(
+              backend.subscribe(key, () => {
+                changed = true;
+                wakeCurrent?.();
+              }, lastBusy?.cursor),
+              clock,
+              Math.max(1, Math.min(this.#operationTimeoutMs, remaining)),
+              'subscribe',
+              (late) => late(),
+            );
             // Without a cursor, a release before the subscription was active would be missed: re-check at once.
             if (lastBusy?.cursor === undefined) continue;
           } catch {

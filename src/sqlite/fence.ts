@@ -1,4 +1,4 @@
-import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
+import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, StaleTokenError } from '../core/errors.js';
 import type { Fence } from '../core/fence.js';
 import { toToken, type TokenInput } from '../core/token.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
@@ -43,28 +43,54 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
       checkKey(resource, 'resource');
       const t = toToken(token);
       if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);
+      /** The error mutate threw, which reaches the caller unchanged; anything else failing here is the store's. */
+      let own: { error: unknown } | undefined;
       const tx = db.transaction((): R => {
         const s = ensure();
         if (s.raise.run({ resource, token: t }).changes === 0) {
           const row = s.select.get(resource) as { token: bigint };
           throw new StaleTokenError(resource, t, row.token);
         }
-        const result = mutate(db);
+        let result: R | Promise<R>;
+        try {
+          result = mutate(db);
+        } catch (error) {
+          own = { error };
+          throw error;
+        }
         if (result !== null && typeof result === 'object' && typeof (result as { then?: unknown }).then === 'function') {
           (result as Promise<unknown>).catch(() => {});
           throw new InvalidArgumentError('mutate', 'sqliteFence runs mutate synchronously inside the transaction; it returned a promise (rolled back)');
         }
         return result as R;
       });
-      // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
-      return retryBusy('fence write', () => (db.inTransaction ? tx() : tx.immediate()));
+      try {
+        // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
+        return await retryBusy('fence write', () => {
+          own = undefined;
+          return db.inTransaction ? tx() : tx.immediate();
+        });
+      } catch (error) {
+        if (own && error === own.error) throw error;
+        throw storeError('fence write', error);
+      }
     },
 
     async highest(resource: string): Promise<bigint | null> {
       checkKey(resource, 'resource');
-      const row = await retryBusy('fence read', () => ensure().select.get(resource) as { token: bigint } | undefined);
-      return row?.token ?? null;
+      try {
+        const row = await retryBusy('fence read', () => ensure().select.get(resource) as { token: bigint } | undefined);
+        return row?.token ?? null;
+      } catch (error) {
+        throw storeError('fence read', error);
+      }
     },
   };
 }
 
+
+/** Failures of the fence's own statements (a closed database, a disk error) are the store's: BackendUnavailableError. */
+function storeError(what: string, error: unknown): LeaseholdError {
+  if (error instanceof LeaseholdError) return error;
+  return new BackendUnavailableError('sqlite', `${what} failed: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
+}

@@ -33,6 +33,9 @@ export class DelayProxy {
         resolve();
       });
     });
+    // After listening, an accept error (e.g. EMFILE) must not crash verify: the worker's connection
+    // attempt fails, which the run records as an error of that worker.
+    server.on('error', () => {});
     server.unref();
     return new DelayProxy(server, target);
   }

@@ -439,3 +439,29 @@ describe('idle sessions', () => {
     await locks.close();
   });
 });
+
+describe('a backend whose wake-up hook hangs', () => {
+  it('acquire still waits by polling and gets the key; the late subscription is ended', async () => {
+    const clock = manualClock(0);
+    const inner = memoryBackend({ clock });
+    let ended = 0;
+    let resolveLate: ((unsub: () => void) => void) | undefined;
+    const backend: Backend = {
+      ...inner,
+      subscribe: () => new Promise((resolve) => (resolveLate = resolve)),
+    };
+    const locks = new Locks({ backend, clock, operationTimeoutMs: 1_000 });
+    const other = new Locks({ backend: Object.create(inner, { close: { value: async () => {} } }) as Backend, clock });
+    const held = await other.acquire('k', { ttlMs: 10_000 });
+    const waiting = locks.acquire('k', { waitMs: 5_000 });
+    await advance(clock, 1_100, 10);
+    expect(resolveLate).toBeDefined();
+    await held.release();
+    await advance(clock, 1_000, 10);
+    const lease = await waiting;
+    expect(lease.token).toBe(2n);
+    resolveLate!(() => ended++);
+    await flush();
+    expect(ended).toBe(1);
+  });
+});
