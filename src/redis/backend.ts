@@ -52,13 +52,10 @@ const SUBSCRIBER_RETRY_MS = 1_000;
 const PENDING_WAKE_MS = 30_000;
 
 // ---------------------------------------------------------------------------------------------
-// Lua shared by the operations below and by redlock's scripts. Keys of one lock (all in the slot of its hash tag):
-//   meta     hash  t = last token, d = lock-delay end (server ms), qs = queue sequence,
-//                  w:<owner> = mode|expiresAt|wakeId|channel for each waiter
-//   holders  hash  <owner> = mode|token|expiresAt|lockDelayMs|session|label (expiresAt 0: the session decides)
-//   queue    zset  owner by arrival sequence
-// Session key (own slot): hash e = expiry (server ms), ld = longest lock-delay of its leases.
-// All expiry is judged by the server's TIME (I7); PEXPIREAT is only garbage collection.
+// Lua shared by the operations below and by redlock's scripts: numbers, the server clock, holder
+// records (mode|token|expiresAt|lockDelayMs|session|label; expiresAt 0: the session decides),
+// sessions (hash e = expiry in server ms, ld = longest lock-delay of its leases). All expiry is
+// judged by the server's TIME (I7); key TTLs are only garbage collection.
 // ---------------------------------------------------------------------------------------------
 export const LUA_PRELUDE = `
 local function num(x) return string.format('%.0f', x) end
@@ -80,89 +77,11 @@ local function session_expiry(sp, id)
   if e then return tonumber(e) end
   return -1
 end
-local function purge(mk, hk, sp, now, d)
-  local all = redis.call('HGETALL', hk)
-  local live = {}
-  local nd = d
-  for i = 1, #all, 2 do
-    local h = holder(all[i + 1])
-    if h and h.ses ~= '' then h.exp = session_expiry(sp, h.ses) end
-    if not h or h.exp <= now then
-      redis.call('HDEL', hk, all[i])
-      if h and h.ld > 0 and h.exp >= 0 and h.exp + h.ld > nd then nd = h.exp + h.ld end
-    else
-      h.owner = all[i]
-      live[#live + 1] = h
-    end
-  end
-  if nd > d then redis.call('HSET', mk, 'd', num(nd)) end
-  return live, nd
-end
-local function waiter(mk, owner)
-  local v = redis.call('HGET', mk, 'w:' .. owner)
-  if not v then return nil end
-  local m, exp, wake, ch = string.match(v, '^(%a)|(%d+)|([^|]*)|(.*)$')
-  if not m then return nil end
-  return { owner = owner, mode = m, exp = tonumber(exp), wake = wake, ch = ch }
-end
-local function drop_waiter(mk, qk, owner)
-  redis.call('ZREM', qk, owner)
-  redis.call('HDEL', mk, 'w:' .. owner)
-end
-local function head(mk, qk, now)
-  while true do
-    local first = redis.call('ZRANGE', qk, 0, 0)[1]
-    if not first then return nil end
-    local w = waiter(mk, first)
-    if w and w.exp > now then return w end
-    drop_waiter(mk, qk, first)
-  end
-end
-local function clear_ahead(mk, qk, owner, mode, queued, now)
-  local start = 0
-  while true do
-    local batch = redis.call('ZRANGE', qk, start, start + 31)
-    if #batch == 0 then return true, start == 0 end
-    local kept = 0
-    for _, o in ipairs(batch) do
-      if o == owner then return true end
-      local w = waiter(mk, o)
-      if not w or w.exp <= now then
-        drop_waiter(mk, qk, o)
-      else
-        if not queued or mode == 'e' or w.mode == 'e' then return false end
-        kept = kept + 1
-      end
-    end
-    start = start + kept
-  end
-end
 local function compatible(live, mode)
   if #live == 0 then return true end
   if mode == 'e' then return false end
   for _, h in ipairs(live) do if h.mode ~= 's' then return false end end
   return true
-end
-local function wake_head(mk, qk, live, d, now)
-  local w = head(mk, qk, now)
-  if w and d <= now and w.wake ~= '' and compatible(live, w.mode) then redis.call('PUBLISH', w.ch, w.wake) end
-  return w == nil
-end
-local function gc(mk, hk, qk, live, d, now, retain, queue_empty)
-  local horizon = now
-  for _, h in ipairs(live) do
-    if h.ses ~= '' then
-      redis.call('PERSIST', hk)
-      redis.call('PERSIST', mk)
-      if not queue_empty then redis.call('PERSIST', qk) end
-      return
-    end
-    if h.exp + h.ld > horizon then horizon = h.exp + h.ld end
-  end
-  if #live > 0 then redis.call('PEXPIREAT', hk, num(horizon)) end
-  if d > horizon then horizon = d end
-  redis.call('PEXPIREAT', mk, num(horizon + retain))
-  if not queue_empty then redis.call('PEXPIREAT', qk, num(horizon + retain)) end
 end
 local function extend_at(key, at, now)
   local p = redis.call('PTTL', key)
@@ -170,11 +89,32 @@ local function extend_at(key, at, now)
 end
 `;
 
+// ---------------------------------------------------------------------------------------------
+// The redis backend's key layout (since leasehold 0.1.0; layouts of different leasehold versions
+// are not compatible: do not point two versions at the same prefix). Keys of one lock, all in the
+// slot of its hash tag:
+//   lock    hash  t = last token, d = lock-delay end (server ms; absent or 0: none),
+//                  n = number of holder fields (absent: nobody holds), w = 1 while the queue may be
+//                  non-empty (absent: it is empty), qs = queue sequence,
+//                  h:<owner> = holder record (see the prelude) for each holder
+//   queue   zset  owner by arrival sequence                               (only while someone waits)
+//   waiters hash  <owner> = mode|expiresAt|wakeId|channel for each waiter  (only while someone waits)
+// `n` and `w` are hints kept exact enough for the fast paths: no `n` means no holder field at all
+// (live or expired), no `w` means no queue entry. So the common case — nobody holds, nobody
+// waits, no lock-delay — is told by one HMGET, and a grant or release is one HSET or HDEL on one
+// key; the full paths read the whole hash and keep `n` and `w` up to date.
+// ---------------------------------------------------------------------------------------------
+
 /**
- * Helpers of the redis backend's operations only (redlock keeps to the prelude).
+ * Helpers of the redis backend's operations only.
  * clock_us: one TIME call giving now in ms, in µs, and the µs as a decimal string (built from
  * TIME's own digits: formatting a 16-digit number costs more than the redis.call).
  * next_token: max(counter + 1, now in µs), the token floor of I1.
+ * purge: reads the lock hash; holders that expired (or whose session is gone) are removed and their
+ * lock-delay starts (I8); `n` and `d` are written back when they changed. Returns the live holders,
+ * the lock-delay end and the other fields.
+ * gc: key TTLs from the live holders: none while a session-bound holder lives (the session decides
+ * its end), else the latest expiry plus lock-delay, plus `retain` for the counter.
  */
 const BACKEND_HELPERS = `
 local function clock_us()
@@ -198,36 +138,132 @@ local function session_lock_delay(sk, sexp, ld)
     redis.call('PEXPIREAT', sk, num(sexp + ld))
   end
 end
+local function purge(lk, sp, now)
+  local all = redis.call('HGETALL', lk)
+  local f, live, gone, nd = {}, {}, {}, 0
+  for i = 1, #all, 2 do
+    local k = all[i]
+    if string.sub(k, 1, 2) == 'h:' then
+      local h = holder(all[i + 1])
+      if h and h.ses ~= '' then h.exp = session_expiry(sp, h.ses) end
+      if not h or h.exp <= now then
+        gone[#gone + 1] = k
+        if h and h.ld > 0 and h.exp >= 0 and h.exp + h.ld > nd then nd = h.exp + h.ld end
+      else
+        h.owner = string.sub(k, 3)
+        live[#live + 1] = h
+      end
+    else
+      f[k] = all[i + 1]
+    end
+  end
+  for i = 1, #gone, 100 do redis.call('HDEL', lk, unpack(gone, i, math.min(i + 99, #gone))) end
+  local d = tonumber(f.d or '0')
+  if nd > d then
+    d = nd
+    redis.call('HSET', lk, 'd', num(d))
+  end
+  if tonumber(f.n or '0') ~= #live then
+    if #live == 0 then redis.call('HDEL', lk, 'n') else redis.call('HSET', lk, 'n', #live) end
+  end
+  return live, d, f
+end
+local function waiter(wk, owner)
+  local v = redis.call('HGET', wk, owner)
+  if not v then return nil end
+  local m, exp, wake, ch = string.match(v, '^(%a)|(%d+)|([^|]*)|(.*)$')
+  if not m then return nil end
+  return { owner = owner, mode = m, exp = tonumber(exp), wake = wake, ch = ch }
+end
+local function drop_waiter(qk, wk, owner)
+  redis.call('ZREM', qk, owner)
+  redis.call('HDEL', wk, owner)
+end
+local function head(qk, wk, now)
+  while true do
+    local first = redis.call('ZRANGE', qk, 0, 0)[1]
+    if not first then return nil end
+    local w = waiter(wk, first)
+    if w and w.exp > now then return w end
+    drop_waiter(qk, wk, first)
+  end
+end
+local function clear_ahead(qk, wk, owner, mode, queued, now)
+  local start = 0
+  while true do
+    local batch = redis.call('ZRANGE', qk, start, start + 31)
+    if #batch == 0 then return true, start == 0 end
+    local kept = 0
+    for _, o in ipairs(batch) do
+      if o == owner then return true end
+      local w = waiter(wk, o)
+      if not w or w.exp <= now then
+        drop_waiter(qk, wk, o)
+      else
+        if not queued or mode == 'e' or w.mode == 'e' then return false end
+        kept = kept + 1
+      end
+    end
+    start = start + kept
+  end
+end
+local function wake_head(qk, wk, live, d, now)
+  local w = head(qk, wk, now)
+  if w and d <= now and w.wake ~= '' and compatible(live, w.mode) then redis.call('PUBLISH', w.ch, w.wake) end
+  return w == nil
+end
+local function gc(lk, qk, wk, live, d, now, retain, queue_empty)
+  local horizon = now
+  for _, h in ipairs(live) do
+    if h.ses ~= '' then
+      redis.call('PERSIST', lk)
+      if not queue_empty then
+        redis.call('PERSIST', qk)
+        redis.call('PERSIST', wk)
+      end
+      return
+    end
+    if h.exp + h.ld > horizon then horizon = h.exp + h.ld end
+  end
+  if d > horizon then horizon = d end
+  redis.call('PEXPIREAT', lk, num(horizon + retain))
+  if not queue_empty then
+    redis.call('PEXPIREAT', qk, num(horizon + retain))
+    redis.call('PEXPIREAT', wk, num(horizon + retain))
+  end
+end
 `;
 
 /**
  * acquire: grants, or answers busy (enqueueing the caller when it will wait). The token is raised
  * in the same call as the grant: max(counter + 1, server TIME in µs), so a counter lost with the
  * data cannot bring tokens back while the server clock moves forward (I1).
- * KEYS: meta, holders, queue[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, queue (1|0),
+ * KEYS: lock, queue, waiters[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, queue (1|0),
  * queueTtl, session id, wake channel ('' when this client cannot be told), session prefix, retain.
  * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
  *
- * Fast path, the common case: nobody holds the key or waits for it (Redis deletes an empty hash or
- * zset, so one EXISTS tells) and no lock-delay runs: TIME, [session HGET], EXISTS, HMGET, two HSETs
- * and one expiry command; no purge, no queue walk, no record parsing.
+ * Fast path, the common case: nobody holds the key or waits for it and no lock-delay runs (one
+ * HMGET of counter, lock-delay, `n` and `w` tells): TIME, [session HGET], HMGET, one HSET of
+ * counter, holder and `n`, and one TTL command (PERSIST when the key existed, for a session-bound
+ * holder; PEXPIREAT otherwise); no HGETALL, no queue, no record parsing.
  *
  * release: compare-and-delete on owner and token. A holder without lock-delay is deleted whether
  * or not it expired (a release and an expiry then end the same way, so its expiry need not be
  * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
  * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
- * KEYS: meta, holders, queue. ARGV: owner, token, session prefix, retain. Returns 1 if released.
- * Fast path: no lock-delay, and after the delete nobody holds or waits: HGET, HDEL, EXISTS, HGET of
- * the lock-delay field, one expiry command.
+ * KEYS: lock, queue, waiters. ARGV: owner, token, session prefix, retain. Returns 1 if released.
+ * Fast path: no lock-delay, the only holder, nobody waits: HMGET, one HDEL of holder and `n`, and
+ * for a session-bound holder one PEXPIRE (the key lives `retain` for its counter; a holder of its
+ * own already set a later expiry at its grant or last renewal).
  *
  * renew: extends the holder's expiry to now + ttl if owner and token match and it is still live
  * (a lease bound to a session extends its session instead).
- * KEYS: meta, holders, queue. ARGV: owner, token, ttl, session prefix, retain. Returns 1 if renewed.
+ * KEYS: lock, queue, waiters. ARGV: owner, token, ttl, session prefix, retain. Returns 1 if renewed.
  *
  * cancel: leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
- * KEYS: meta, holders, queue. ARGV: owner, session prefix. Returns 1 if a place was removed.
+ * KEYS: lock, queue, waiters. ARGV: owner, session prefix. Returns 1 if a place was removed.
  *
- * inspect: state of one lock (purging what expired). KEYS: meta, holders, queue. ARGV: session prefix.
+ * inspect: state of one lock (purging what expired). KEYS: lock, queue, waiters. ARGV: session prefix.
  * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
  *
  * session_open: a session living ttl from now (server clock). KEYS: session. ARGV: ttl.
@@ -240,7 +276,7 @@ end
  */
 const OPERATIONS = {
   acquire: `
-local mk, hk, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lk, qk, wk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, mode, ses = ARGV[1], ARGV[2], ARGV[8]
 local now, now_us, now_us_s = clock_us()
 local sexp = 0
@@ -250,66 +286,76 @@ if ses ~= '' then
   sexp = tonumber(e)
   if sexp <= now then return {'L'} end
 end
-if redis.call('EXISTS', hk, qk) == 0 then
-  local meta = redis.call('HMGET', mk, 't', 'd')
-  local d = 0
-  if meta[2] and meta[2] ~= '0' then d = tonumber(meta[2]) end
-  if d <= now then
-    local tok = next_token(meta[1], now_us, now_us_s)
-    -- a lock-delay that has ended is cleared, so release can skip TIME
-    if d > 0 then redis.call('HSET', mk, 't', tok, 'd', '0') else redis.call('HSET', mk, 't', tok) end
-    -- ARGV[4], the lock-delay, is a decimal integer (the client formats it): stored as given
-    if ses == '' then
-      local ld = tonumber(ARGV[4])
-      local exp = now + tonumber(ARGV[3])
-      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
-      redis.call('PEXPIREAT', hk, num(exp + ld))
-      redis.call('PEXPIREAT', mk, num(exp + ld + tonumber(ARGV[11])))
-    else
-      redis.call('HSET', hk, owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
-      redis.call('PERSIST', mk)
-      if ARGV[4] ~= '0' then session_lock_delay(sk, sexp, tonumber(ARGV[4])) end
-    end
-    return {'G', tok}
+local f = redis.call('HMGET', lk, 't', 'd', 'n', 'w')
+if not f[3] and not f[4] and (not f[2] or f[2] == '0' or tonumber(f[2]) <= now) then
+  local tok = next_token(f[1], now_us, now_us_s)
+  -- ARGV[4], the lock-delay, is a decimal integer (the client formats it): stored as given
+  local rec, exp
+  if ses == '' then
+    exp = now + tonumber(ARGV[3])
+    rec = mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5]
+  else
+    rec = mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5]
   end
+  -- a lock-delay that has ended is cleared, so release can skip TIME
+  if f[2] and f[2] ~= '0' then
+    redis.call('HSET', lk, 't', tok, 'n', '1', 'h:' .. owner, rec, 'd', '0')
+  else
+    redis.call('HSET', lk, 't', tok, 'n', '1', 'h:' .. owner, rec)
+  end
+  if ses == '' then
+    redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[11])))
+  else
+    -- a key that did not exist has no TTL to remove (the counter is only ever absent with the key)
+    if f[1] then redis.call('PERSIST', lk) end
+    if ARGV[4] ~= '0' then session_lock_delay(sk, sexp, tonumber(ARGV[4])) end
+  end
+  return {'G', tok}
 end
 local ttl, ld, label = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local queued, qttl, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[9]
 local sp, retain = ARGV[10], tonumber(ARGV[11])
-local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, sp, now, tonumber(meta[2] or '0'))
+local live, d = purge(lk, sp, now)
+local has_queue = f[4] and true or false
 for _, h in ipairs(live) do
   if h.owner == owner then
     if h.ses == '' then
       h.exp = now + ttl
-      redis.call('HSET', hk, owner, holder_record(h))
+      redis.call('HSET', lk, 'h:' .. owner, holder_record(h))
     end
-    gc(mk, hk, qk, live, d, now, retain)
+    gc(lk, qk, wk, live, d, now, retain, not has_queue)
     return {'G', h.tok}
   end
 end
-local clear, queue_empty = false, false
-if compatible(live, mode) and now >= d then clear, queue_empty = clear_ahead(mk, qk, owner, mode, queued, now) end
+local clear, queue_empty = false, not has_queue
+if compatible(live, mode) and now >= d then
+  if has_queue then clear, queue_empty = clear_ahead(qk, wk, owner, mode, queued, now) else clear = true end
+end
 if clear then
-  local h = { owner = owner, mode = mode, tok = next_token(meta[1], now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
-  redis.call('HSET', mk, 't', h.tok)
+  local h = { owner = owner, mode = mode, tok = next_token(f[1], now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
   if ses == '' then h.exp = now + ttl else session_lock_delay(sk, sexp, ld) end
-  redis.call('HSET', hk, owner, holder_record(h))
   live[#live + 1] = h
+  redis.call('HSET', lk, 't', h.tok, 'n', #live, 'h:' .. owner, holder_record(h))
   if queued and not queue_empty and redis.call('ZREM', qk, owner) == 1 then
-    redis.call('HDEL', mk, 'w:' .. owner)
-    if mode == 's' then queue_empty = wake_head(mk, qk, live, d, now) end
+    redis.call('HDEL', wk, owner)
+    if mode == 's' then queue_empty = wake_head(qk, wk, live, d, now)
+    else queue_empty = redis.call('ZCARD', qk) == 0 end
   end
-  gc(mk, hk, qk, live, d, now, retain, queue_empty)
+  if has_queue and queue_empty then redis.call('HDEL', lk, 'w') end
+  gc(lk, qk, wk, live, d, now, retain, queue_empty)
   return {'G', h.tok}
 end
 if queued then
   if not redis.call('ZSCORE', qk, owner) then
-    redis.call('ZADD', qk, num(redis.call('HINCRBY', mk, 'qs', 1)), owner)
+    redis.call('ZADD', qk, num(redis.call('HINCRBY', lk, 'qs', 1)), owner)
   end
-  redis.call('HSET', mk, 'w:' .. owner, mode .. '|' .. num(now + qttl) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
+  redis.call('HSET', wk, owner, mode .. '|' .. num(now + qttl) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
+  if not has_queue then redis.call('HSET', lk, 'w', '1') end
+  queue_empty = false
+elseif has_queue and queue_empty then
+  redis.call('HDEL', lk, 'w')
 end
-gc(mk, hk, qk, live, d, now, retain)
+gc(lk, qk, wk, live, d, now, retain, queue_empty)
 local soonest = -1
 if d > now then soonest = d end
 for _, h in ipairs(live) do
@@ -323,55 +369,64 @@ if soonest >= 0 then retry = num(soonest - now) end
 return {'B', first and first.label or '', retry}`,
 
   release: `
-local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
+local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, sp = ARGV[1], ARGV[2], ARGV[3]
-local v = redis.call('HGET', hk, owner)
+local hf = 'h:' .. owner
+local f = redis.call('HMGET', lk, hf, 'n', 'w', 'd')
+local v = f[1]
 if not v then return 0 end
-local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
+local tok, ld, ses = string.match(v, '^%a|(%d+)|%d+|(%d+)|([^|]*)|')
 if tok and tok ~= token then return 0 end
-local released, now = 0, 0
-if ld == '0' then
-  redis.call('HDEL', hk, owner)
-  released = 1
-  if redis.call('EXISTS', hk, qk) == 0 then
-    -- nobody else holds or waits: keep the counter retain from now, or from the end of a lock-delay
-    local d = redis.call('HGET', mk, 'd')
+if ld == '0' and f[2] == '1' and not f[3] then
+  -- the only holder, nobody waits: delete it and the holder count
+  redis.call('HDEL', lk, hf, 'n')
+  -- a holder of its own set the key's expiry past now + retain (and past any lock-delay) at its
+  -- grant or renewal; a session-bound one had it removed: keep the counter retain from now, or
+  -- from the end of a lock-delay
+  if ses ~= '' then
+    local d = f[4]
     if not d or d == '0' then
-      redis.call('PEXPIRE', mk, ARGV[4])
-      return 1
+      redis.call('PEXPIRE', lk, ARGV[4])
+    else
+      local horizon = tonumber(d)
+      local now = clock()
+      if now > horizon then horizon = now end
+      redis.call('PEXPIREAT', lk, num(horizon + tonumber(ARGV[4])))
     end
-    now = clock()
-    local horizon = tonumber(d)
-    if now > horizon then horizon = now end
-    redis.call('PEXPIREAT', mk, num(horizon + tonumber(ARGV[4])))
-    return 1
   end
-  now = clock()
+  return 1
+end
+local now = clock()
+local released = 0
+if ld == '0' then
+  redis.call('HDEL', lk, hf)
+  released = 1
 else
-  now = clock()
   local h = holder(v)
   if h then
     local exp = h.exp
     if h.ses ~= '' then exp = session_expiry(sp, h.ses) end
     if exp > now then
-      redis.call('HDEL', hk, owner)
+      redis.call('HDEL', lk, hf)
       released = 1
     end
   end
 end
-local d = tonumber(redis.call('HGET', mk, 'd') or '0')
-local live = {}
-if released == 0 or redis.call('EXISTS', hk) == 1 then live, d = purge(mk, hk, sp, now, d) end
-local queue_empty = wake_head(mk, qk, live, d, now)
-gc(mk, hk, qk, live, d, now, tonumber(ARGV[4]), queue_empty)
+local live, d = purge(lk, sp, now)
+local queue_empty = true
+if f[3] then
+  queue_empty = wake_head(qk, wk, live, d, now)
+  if queue_empty then redis.call('HDEL', lk, 'w') end
+end
+gc(lk, qk, wk, live, d, now, tonumber(ARGV[4]), queue_empty)
 return released`,
 
   renew: `
-local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
+local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, ttl, sp, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local v = redis.call('HGET', hk, owner)
-if not v then return 0 end
-local h = holder(v)
+local f = redis.call('HMGET', lk, 'h:' .. owner, 'w')
+if not f[1] then return 0 end
+local h = holder(f[1])
 if not h or h.tok ~= token then return 0 end
 local now = clock()
 if h.ses ~= '' then
@@ -384,42 +439,50 @@ if h.ses ~= '' then
 end
 if h.exp <= now then return 0 end
 h.exp = now + ttl
-redis.call('HSET', hk, owner, holder_record(h))
-extend_at(hk, h.exp + h.ld, now)
-extend_at(mk, h.exp + h.ld + retain, now)
-extend_at(qk, h.exp + h.ld + retain, now)
+redis.call('HSET', lk, 'h:' .. owner, holder_record(h))
+extend_at(lk, h.exp + h.ld + retain, now)
+if f[2] then
+  extend_at(qk, h.exp + h.ld + retain, now)
+  extend_at(wk, h.exp + h.ld + retain, now)
+end
 return 1`,
 
   cancel: `
-local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
+local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local owner, sp = ARGV[1], ARGV[2]
 if not redis.call('ZSCORE', qk, owner) then
-  redis.call('HDEL', mk, 'w:' .. owner)
+  redis.call('HDEL', wk, owner)
   return 0
 end
 local now = clock()
-local first = head(mk, qk, now)
-drop_waiter(mk, qk, owner)
+local first = head(qk, wk, now)
+drop_waiter(qk, wk, owner)
+local queue_empty
 if first and first.owner == owner then
-  local live, d = purge(mk, hk, sp, now, tonumber(redis.call('HGET', mk, 'd') or '0'))
-  wake_head(mk, qk, live, d, now)
+  local live, d = purge(lk, sp, now)
+  queue_empty = wake_head(qk, wk, live, d, now)
+else
+  queue_empty = redis.call('ZCARD', qk) == 0
 end
+if queue_empty then redis.call('HDEL', lk, 'w') end
 return 1`,
 
   inspect: `
-local mk, hk, qk = KEYS[1], KEYS[2], KEYS[3]
+local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local sp = ARGV[1]
 local now = clock()
-local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, sp, now, tonumber(meta[2] or '0'))
+local live, d, f = purge(lk, sp, now)
 local waiters = 0
-for _, o in ipairs(redis.call('ZRANGE', qk, 0, -1)) do
-  local w = waiter(mk, o)
-  if w and w.exp > now then waiters = waiters + 1 else drop_waiter(mk, qk, o) end
+if f.w then
+  for _, o in ipairs(redis.call('ZRANGE', qk, 0, -1)) do
+    local w = waiter(wk, o)
+    if w and w.exp > now then waiters = waiters + 1 else drop_waiter(qk, wk, o) end
+  end
+  if waiters == 0 then redis.call('HDEL', lk, 'w') end
 end
 local delay = 0
 if d > now then delay = d - now end
-local out = { meta[1] or '0', num(delay), waiters }
+local out = { f.t or '0', num(delay), waiters }
 for _, h in ipairs(live) do
   out[#out + 1] = h.mode
   out[#out + 1] = h.tok
@@ -489,9 +552,9 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   const retain = String(retainMs);
   let closed = false;
 
-  const keysOf = (key: string): [meta: string, holders: string, queue: string] => {
-    const meta = `${prefix}{${encodeKey(key)}}`;
-    return [meta, `${meta}:h`, `${meta}:q`];
+  const keysOf = (key: string): [lock: string, queue: string, waiters: string] => {
+    const lock = `${prefix}{${encodeKey(key)}}`;
+    return [lock, `${lock}:q`, `${lock}:w`];
   };
 
   const ensureOpen = (): void => {
@@ -609,7 +672,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       const all = [...metas];
       for (let i = 0; i < all.length; i += 100) {
         const batch = all.slice(i, i + 100);
-        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta, `${meta}:h`, `${meta}:q`], [sessionPrefix])));
+        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta, `${meta}:q`, `${meta}:w`], [sessionPrefix])));
         batch.forEach((meta, j) => {
           const r = replies[j]!;
           const holders = [];

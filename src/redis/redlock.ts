@@ -38,23 +38,58 @@ export const REDLOCK_DEFAULTS = Object.freeze({
   commitAttempts: 3,
 });
 
-// Keys per server, as in redisBackend: meta hash (t = last token, d = lock-delay end), holders
-// hash (owner → mode|token|expiresAt|lockDelay||label; token 0 until the commit phase), and a
-// contenders zset (digest of refused owners → expiry). Expiry is judged by each server's own TIME.
+// Keys per server: meta hash (t = last token, d = lock-delay end), holders hash (owner →
+// mode|token|expiresAt|lockDelay||label; token 0 until the commit phase), and a contenders zset
+// (digest of refused owners → expiry). Expiry is judged by each server's own TIME.
+
+/**
+ * Helpers of the per-server scripts. purge: removes expired holders (their lock-delay starts, I8)
+ * and returns the live ones and the lock-delay end. gc: key TTLs from the live holders' expiry and
+ * lock-delay, plus `retain` for the counter.
+ */
+const NODE_HELPERS = `
+local function purge(mk, hk, now, d)
+  local all = redis.call('HGETALL', hk)
+  local live = {}
+  local nd = d
+  for i = 1, #all, 2 do
+    local h = holder(all[i + 1])
+    if not h or h.exp <= now then
+      redis.call('HDEL', hk, all[i])
+      if h and h.ld > 0 and h.exp + h.ld > nd then nd = h.exp + h.ld end
+    else
+      h.owner = all[i]
+      live[#live + 1] = h
+    end
+  end
+  if nd > d then redis.call('HSET', mk, 'd', num(nd)) end
+  return live, nd
+end
+local function gc(mk, hk, ck, live, d, now, retain)
+  local horizon = now
+  for _, h in ipairs(live) do
+    if h.exp + h.ld > horizon then horizon = h.exp + h.ld end
+  end
+  if #live > 0 then redis.call('PEXPIREAT', hk, num(horizon)) end
+  if d > horizon then horizon = d end
+  redis.call('PEXPIREAT', mk, num(horizon + retain))
+  redis.call('PEXPIREAT', ck, num(horizon + retain))
+end
+`;
 
 /**
  * Phase 1 on one server: records the holder if the key is free there (token pending) and reads
  * the server's counter and clock. KEYS: meta, holders, contenders. ARGV: owner, mode, ttl,
  * lockDelay, label, retain, contenderTtl. Returns {'G', counter, TIME µs} | {'B', label, retryInMs, counter}.
  */
-const NODE_ACQUIRE = new LuaScript('redlock-acquire', `${LUA_PRELUDE}
+const NODE_ACQUIRE = new LuaScript('redlock-acquire', `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local owner, mode, ttl, ld, label = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local retain, cttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now, now_us = clock()
 local meta = redis.call('HMGET', mk, 't', 'd')
 local t = meta[1] or '0'
-local live, d = purge(mk, hk, '', now, tonumber(meta[2] or '0'))
+local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
 for _, h in ipairs(live) do
   if h.owner == owner then
     h.exp = now + ttl
@@ -93,7 +128,7 @@ return {'B', first and first.label or '', retry, t}
  * with its counter: another grant got there first. KEYS: meta, holders. ARGV: owner, proposal, retain.
  * Returns {1} | {0, counter}.
  */
-const NODE_COMMIT = new LuaScript('redlock-commit', `${LUA_PRELUDE}
+const NODE_COMMIT = new LuaScript('redlock-commit', `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk = KEYS[1], KEYS[2]
 local owner, p, retain = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local c = redis.call('HGET', mk, 't') or '0'
@@ -118,7 +153,7 @@ return {1}
  * expired there alone) and the key is free there, records it again with the token.
  * KEYS: meta, holders, contenders. ARGV: owner, token, ttl, mode, lockDelay, label, retain. Returns 1 if held.
  */
-const NODE_RENEW = new LuaScript('redlock-renew', `${LUA_PRELUDE}
+const NODE_RENEW = new LuaScript('redlock-renew', `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, ttl, mode, ld, label, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 local now = clock()
@@ -136,7 +171,7 @@ if v then
   end
 end
 local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, '', now, tonumber(meta[2] or '0'))
+local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
 if not compatible(live, mode) or now < d then return 0 end
 local h = { owner = owner, mode = mode, tok = token, exp = now + ttl, ld = ld, ses = '', label = label }
 redis.call('HSET', hk, owner, holder_record(h))
@@ -150,7 +185,7 @@ return 1
  * Compare-and-delete on one server (an expired record is left to purge: lock-delay, I8).
  * KEYS: meta, holders, contenders. ARGV: owner, token (0: whatever token, to give back an unfinished grant), retain. Returns 1 if a record of ours was there.
  */
-const NODE_RELEASE = new LuaScript('redlock-release', `${LUA_PRELUDE}
+const NODE_RELEASE = new LuaScript('redlock-release', `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, retain = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local v = redis.call('HGET', hk, owner)
@@ -159,7 +194,7 @@ local h = holder(v)
 if h and token ~= '0' and h.tok ~= token and h.tok ~= '0' then return 0 end
 local now = clock()
 if h and h.exp > now then redis.call('HDEL', hk, owner) end
-local live, d = purge(mk, hk, '', now, tonumber(redis.call('HGET', mk, 'd') or '0'))
+local live, d = purge(mk, hk, now, tonumber(redis.call('HGET', mk, 'd') or '0'))
 gc(mk, hk, ck, live, d, now, retain)
 return 1
 `);
@@ -168,11 +203,11 @@ return 1
  * One server's view of a key. KEYS: meta, holders, contenders. Returns {counter, delayRemaining,
  * contenders, then digest, mode, token, expiresIn, label per holder}.
  */
-const NODE_INSPECT = new LuaScript('redlock-inspect', `${LUA_PRELUDE}
+const NODE_INSPECT = new LuaScript('redlock-inspect', `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local now = clock()
 local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, '', now, tonumber(meta[2] or '0'))
+local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
 redis.call('ZREMRANGEBYSCORE', ck, '-inf', num(now))
 local delay = 0
 if d > now then delay = d - now end
