@@ -93,16 +93,16 @@ end
 // The redis backend's key layout (since leasehold 0.1.0; layouts of different leasehold versions
 // are not compatible: do not point two versions at the same prefix). Keys of one lock, all in the
 // slot of its hash tag:
-//   lock    hash  t = last token, d = lock-delay end (server ms; absent or 0: none),
-//                  n = number of holder fields (absent: nobody holds), w = 1 while the queue may be
-//                  non-empty (absent: it is empty), qs = queue sequence,
-//                  h:<owner> = holder record (see the prelude) for each holder
+//   lock    hash  t = last token, d = lock-delay end (server ms), qs = queue sequence,
+//                  h:<owner> = holder record (see the prelude) for each holder,
+//                  s = state hint: the number of holder fields, then `q` while the queue may be
+//                  non-empty and `d` while a lock-delay may run; absent when none of them is so
 //   queue   zset  owner by arrival sequence                               (only while someone waits)
 //   waiters hash  <owner> = mode|expiresAt|wakeId|channel for each waiter  (only while someone waits)
-// `n` and `w` are hints kept exact enough for the fast paths: no `n` means no holder field at all
-// (live or expired), no `w` means no queue entry. So the common case — nobody holds, nobody
-// waits, no lock-delay — is told by one HMGET, and a grant or release is one HSET or HDEL on one
-// key; the full paths read the whole hash and keep `n` and `w` up to date.
+// The hint is exact where the fast paths rely on it: `s` absent means no holder field at all (live
+// or expired), no queue entry and no lock-delay, so the key is free (one HMGET of `t` and `s`
+// tells); `s` = 1 means one holder, nobody waits, no lock-delay. Every path that reads the whole
+// hash (purge) writes `s` back from what it found.
 // ---------------------------------------------------------------------------------------------
 
 /**
@@ -110,9 +110,10 @@ end
  * clock_us: one TIME call giving now in ms, in µs, and the µs as a decimal string (built from
  * TIME's own digits: formatting a 16-digit number costs more than the redis.call).
  * next_token: max(counter + 1, now in µs), the token floor of I1.
+ * state / store_state / queued_hint: the `s` field (see the layout above).
  * purge: reads the lock hash; holders that expired (or whose session is gone) are removed and their
- * lock-delay starts (I8); `n` and `d` are written back when they changed. Returns the live holders,
- * the lock-delay end and the other fields.
+ * lock-delay starts (I8); `d` and `s` are written back when they changed. Returns the live
+ * holders, the lock-delay end and the other fields (`f.s` kept equal to what is stored).
  * gc: key TTLs from the live holders: none while a session-bound holder lives (the session decides
  * its end), else the latest expiry plus lock-delay, plus `retain` for the counter.
  */
@@ -137,6 +138,26 @@ local function session_lock_delay(sk, sexp, ld)
     redis.call('HSET', sk, 'ld', num(ld))
     redis.call('PEXPIREAT', sk, num(sexp + ld))
   end
+end
+local function state(n, queued, delayed)
+  local s = ''
+  if n > 0 then s = num(n) end
+  if queued then s = s .. 'q' end
+  if delayed then s = s .. 'd' end
+  return s
+end
+local function store_state(lk, f, s)
+  if s == (f.s or '') then return end
+  if s == '' then
+    redis.call('HDEL', lk, 's')
+    f.s = nil
+  else
+    redis.call('HSET', lk, 's', s)
+    f.s = s
+  end
+end
+local function queued_hint(f)
+  return f.s ~= nil and string.find(f.s, 'q', 1, true) ~= nil
 end
 local function purge(lk, sp, now)
   local all = redis.call('HGETALL', lk)
@@ -163,9 +184,7 @@ local function purge(lk, sp, now)
     d = nd
     redis.call('HSET', lk, 'd', num(d))
   end
-  if tonumber(f.n or '0') ~= #live then
-    if #live == 0 then redis.call('HDEL', lk, 'n') else redis.call('HSET', lk, 'n', #live) end
-  end
+  store_state(lk, f, state(#live, queued_hint(f), d > now))
   return live, d, f
 end
 local function waiter(wk, owner)
@@ -238,23 +257,23 @@ end
  * acquire: grants, or answers busy (enqueueing the caller when it will wait). The token is raised
  * in the same call as the grant: max(counter + 1, server TIME in µs), so a counter lost with the
  * data cannot bring tokens back while the server clock moves forward (I1).
- * KEYS: lock, queue, waiters[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, queue (1|0),
- * queueTtl, session id, wake channel ('' when this client cannot be told), session prefix, retain.
+ * KEYS: lock, queue, waiters[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, session id
+ * ('' for none), session prefix, retain[, queueTtl, wake channel ('' when this client cannot be
+ * told)] — the last two only when the caller will wait (it is then enqueued).
  * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
  *
- * Fast path, the common case: nobody holds the key or waits for it and no lock-delay runs (one
- * HMGET of counter, lock-delay, `n` and `w` tells): TIME, [session HGET], HMGET, one HSET of
- * counter, holder and `n`, and one TTL command (PERSIST when the key existed, for a session-bound
- * holder; PEXPIREAT otherwise); no HGETALL, no queue, no record parsing.
+ * Fast path, the common case: the key is free (no `s`): TIME, [session HGET], HMGET of counter and
+ * state, one HSET of counter, state and holder, and one TTL command (PERSIST when the key existed,
+ * for a session-bound holder; PEXPIREAT otherwise); no HGETALL, no queue, no record parsing.
  *
  * release: compare-and-delete on owner and token. A holder without lock-delay is deleted whether
  * or not it expired (a release and an expiry then end the same way, so its expiry need not be
  * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
  * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
  * KEYS: lock, queue, waiters. ARGV: owner, token, session prefix, retain. Returns 1 if released.
- * Fast path: no lock-delay, the only holder, nobody waits: HMGET, one HDEL of holder and `n`, and
- * for a session-bound holder one PEXPIRE (the key lives `retain` for its counter; a holder of its
- * own already set a later expiry at its grant or last renewal).
+ * Fast path: no lock-delay, and the only holder with nobody waiting (`s` = 1): HMGET, one HDEL of
+ * holder and state, and for a session-bound holder one PEXPIRE (the key lives `retain` for its
+ * counter; a holder of its own already set a later expiry at its grant or last renewal).
  *
  * renew: extends the holder's expiry to now + ttl if owner and token match and it is still live
  * (a lease bound to a session extends its session instead).
@@ -277,7 +296,7 @@ end
 const OPERATIONS = {
   acquire: `
 local lk, qk, wk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, mode, ses = ARGV[1], ARGV[2], ARGV[8]
+local owner, mode, ses = ARGV[1], ARGV[2], ARGV[6]
 local now, now_us, now_us_s = clock_us()
 local sexp = 0
 if ses ~= '' then
@@ -286,37 +305,27 @@ if ses ~= '' then
   sexp = tonumber(e)
   if sexp <= now then return {'L'} end
 end
-local f = redis.call('HMGET', lk, 't', 'd', 'n', 'w')
-if not f[3] and not f[4] and (not f[2] or f[2] == '0' or tonumber(f[2]) <= now) then
-  local tok = next_token(f[1], now_us, now_us_s)
+local top = redis.call('HMGET', lk, 't', 's')
+if not top[2] then
+  local tok = next_token(top[1], now_us, now_us_s)
   -- ARGV[4], the lock-delay, is a decimal integer (the client formats it): stored as given
-  local rec, exp
   if ses == '' then
-    exp = now + tonumber(ARGV[3])
-    rec = mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5]
+    local exp = now + tonumber(ARGV[3])
+    redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
+    redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[8])))
   else
-    rec = mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5]
-  end
-  -- a lock-delay that has ended is cleared, so release can skip TIME
-  if f[2] and f[2] ~= '0' then
-    redis.call('HSET', lk, 't', tok, 'n', '1', 'h:' .. owner, rec, 'd', '0')
-  else
-    redis.call('HSET', lk, 't', tok, 'n', '1', 'h:' .. owner, rec)
-  end
-  if ses == '' then
-    redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[11])))
-  else
+    redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
     -- a key that did not exist has no TTL to remove (the counter is only ever absent with the key)
-    if f[1] then redis.call('PERSIST', lk) end
+    if top[1] then redis.call('PERSIST', lk) end
     if ARGV[4] ~= '0' then session_lock_delay(sk, sexp, tonumber(ARGV[4])) end
   end
   return {'G', tok}
 end
 local ttl, ld, label = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local queued, qttl, ch = ARGV[6] == '1', tonumber(ARGV[7]), ARGV[9]
-local sp, retain = ARGV[10], tonumber(ARGV[11])
-local live, d = purge(lk, sp, now)
-local has_queue = f[4] and true or false
+local sp, retain = ARGV[7], tonumber(ARGV[8])
+local queued = ARGV[9] ~= nil
+local live, d, f = purge(lk, sp, now)
+local has_queue = queued_hint(f)
 for _, h in ipairs(live) do
   if h.owner == owner then
     if h.ses == '' then
@@ -332,16 +341,16 @@ if compatible(live, mode) and now >= d then
   if has_queue then clear, queue_empty = clear_ahead(qk, wk, owner, mode, queued, now) else clear = true end
 end
 if clear then
-  local h = { owner = owner, mode = mode, tok = next_token(f[1], now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
+  local h = { owner = owner, mode = mode, tok = next_token(f.t, now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
   if ses == '' then h.exp = now + ttl else session_lock_delay(sk, sexp, ld) end
   live[#live + 1] = h
-  redis.call('HSET', lk, 't', h.tok, 'n', #live, 'h:' .. owner, holder_record(h))
+  redis.call('HSET', lk, 't', h.tok, 'h:' .. owner, holder_record(h))
   if queued and not queue_empty and redis.call('ZREM', qk, owner) == 1 then
     redis.call('HDEL', wk, owner)
     if mode == 's' then queue_empty = wake_head(qk, wk, live, d, now)
     else queue_empty = redis.call('ZCARD', qk) == 0 end
   end
-  if has_queue and queue_empty then redis.call('HDEL', lk, 'w') end
+  store_state(lk, f, state(#live, not queue_empty, d > now))
   gc(lk, qk, wk, live, d, now, retain, queue_empty)
   return {'G', h.tok}
 end
@@ -349,12 +358,11 @@ if queued then
   if not redis.call('ZSCORE', qk, owner) then
     redis.call('ZADD', qk, num(redis.call('HINCRBY', lk, 'qs', 1)), owner)
   end
-  redis.call('HSET', wk, owner, mode .. '|' .. num(now + qttl) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
-  if not has_queue then redis.call('HSET', lk, 'w', '1') end
+  local ch = ARGV[10]
+  redis.call('HSET', wk, owner, mode .. '|' .. num(now + tonumber(ARGV[9])) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
   queue_empty = false
-elseif has_queue and queue_empty then
-  redis.call('HDEL', lk, 'w')
 end
+store_state(lk, f, state(#live, not queue_empty, d > now))
 gc(lk, qk, wk, live, d, now, retain, queue_empty)
 local soonest = -1
 if d > now then soonest = d end
@@ -372,28 +380,17 @@ return {'B', first and first.label or '', retry}`,
 local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, sp = ARGV[1], ARGV[2], ARGV[3]
 local hf = 'h:' .. owner
-local f = redis.call('HMGET', lk, hf, 'n', 'w', 'd')
-local v = f[1]
+local top = redis.call('HMGET', lk, hf, 's')
+local v = top[1]
 if not v then return 0 end
 local tok, ld, ses = string.match(v, '^%a|(%d+)|%d+|(%d+)|([^|]*)|')
 if tok and tok ~= token then return 0 end
-if ld == '0' and f[2] == '1' and not f[3] then
-  -- the only holder, nobody waits: delete it and the holder count
-  redis.call('HDEL', lk, hf, 'n')
-  -- a holder of its own set the key's expiry past now + retain (and past any lock-delay) at its
-  -- grant or renewal; a session-bound one had it removed: keep the counter retain from now, or
-  -- from the end of a lock-delay
-  if ses ~= '' then
-    local d = f[4]
-    if not d or d == '0' then
-      redis.call('PEXPIRE', lk, ARGV[4])
-    else
-      local horizon = tonumber(d)
-      local now = clock()
-      if now > horizon then horizon = now end
-      redis.call('PEXPIREAT', lk, num(horizon + tonumber(ARGV[4])))
-    end
-  end
+if ld == '0' and top[2] == '1' then
+  -- the only holder, nobody waits, no lock-delay: delete it and the state (the key is free)
+  redis.call('HDEL', lk, hf, 's')
+  -- a holder of its own set the key's expiry past now + retain at its grant or renewal; a
+  -- session-bound one had it removed: keep the counter retain from now
+  if ses ~= '' then redis.call('PEXPIRE', lk, ARGV[4]) end
   return 1
 end
 local now = clock()
@@ -412,11 +409,11 @@ else
     end
   end
 end
-local live, d = purge(lk, sp, now)
+local live, d, f = purge(lk, sp, now)
 local queue_empty = true
-if f[3] then
+if queued_hint(f) then
   queue_empty = wake_head(qk, wk, live, d, now)
-  if queue_empty then redis.call('HDEL', lk, 'w') end
+  if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
 end
 gc(lk, qk, wk, live, d, now, tonumber(ARGV[4]), queue_empty)
 return released`,
@@ -424,9 +421,9 @@ return released`,
   renew: `
 local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, ttl, sp, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local f = redis.call('HMGET', lk, 'h:' .. owner, 'w')
-if not f[1] then return 0 end
-local h = holder(f[1])
+local top = redis.call('HMGET', lk, 'h:' .. owner, 's')
+if not top[1] then return 0 end
+local h = holder(top[1])
 if not h or h.tok ~= token then return 0 end
 local now = clock()
 if h.ses ~= '' then
@@ -441,7 +438,7 @@ if h.exp <= now then return 0 end
 h.exp = now + ttl
 redis.call('HSET', lk, 'h:' .. owner, holder_record(h))
 extend_at(lk, h.exp + h.ld + retain, now)
-if f[2] then
+if queued_hint({ s = top[2] or nil }) then
   extend_at(qk, h.exp + h.ld + retain, now)
   extend_at(wk, h.exp + h.ld + retain, now)
 end
@@ -457,14 +454,11 @@ end
 local now = clock()
 local first = head(qk, wk, now)
 drop_waiter(qk, wk, owner)
+local live, d, f = purge(lk, sp, now)
 local queue_empty
-if first and first.owner == owner then
-  local live, d = purge(lk, sp, now)
-  queue_empty = wake_head(qk, wk, live, d, now)
-else
-  queue_empty = redis.call('ZCARD', qk) == 0
-end
-if queue_empty then redis.call('HDEL', lk, 'w') end
+if first and first.owner == owner then queue_empty = wake_head(qk, wk, live, d, now)
+else queue_empty = redis.call('ZCARD', qk) == 0 end
+if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
 return 1`,
 
   inspect: `
@@ -473,12 +467,12 @@ local sp = ARGV[1]
 local now = clock()
 local live, d, f = purge(lk, sp, now)
 local waiters = 0
-if f.w then
+if queued_hint(f) then
   for _, o in ipairs(redis.call('ZRANGE', qk, 0, -1)) do
     local w = waiter(wk, o)
     if w and w.exp > now then waiters = waiters + 1 else drop_waiter(qk, wk, o) end
   end
-  if waiters == 0 then redis.call('HDEL', lk, 'w') end
+  if waiters == 0 then store_state(lk, f, state(#live, false, d > now)) end
 end
 local delay = 0
 if d > now then delay = d - now end
@@ -589,10 +583,9 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   const send = (req: AcquireRequest, wakeable: boolean): Promise<AcquireResult> => {
     const keys: string[] = keysOf(req.key);
     if (req.session !== undefined) keys.push(sessionPrefix + req.session);
-    const args = [
-      req.owner, req.mode === 'shared' ? 's' : 'e', decimal(req.ttlMs), decimal(req.lockDelayMs), req.holder,
-      req.queue ? '1' : '0', String(req.queueTtlMs), req.session ?? '', wakeable ? wakes.channel : '', sessionPrefix, retain,
-    ];
+    const args = [req.owner, req.mode === 'shared' ? 's' : 'e', decimal(req.ttlMs), decimal(req.lockDelayMs), req.holder, req.session ?? '', sessionPrefix, retain];
+    // Only a caller that will wait is enqueued: it alone sends its place's ttl and its wake-up channel.
+    if (req.queue) args.push(String(req.queueTtlMs), wakeable ? wakes.channel : '');
     // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
     const onLate = (late: unknown[]): void => {
       if (Array.isArray(late) && late[0] === 'G') void release({ key: req.key, owner: req.owner, token: BigInt(String(late[1])), mode: req.mode }).catch(() => {});

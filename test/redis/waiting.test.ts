@@ -156,7 +156,7 @@ describe('redis waiting', () => {
     await expect(waiting).rejects.toThrow('no longer needed');
     expect(await eventually(async () => (await admin.zcard('leasehold:{gone}:q')) === 0, 5_000)).toBe(true);
     expect(await admin.exists('leasehold:{gone}:w')).toBe(0); // its waiter record
-    expect(await admin.hexists('leasehold:{gone}', 'w')).toBe(0); // the lock's "someone waits" hint
+    expect(await admin.hget('leasehold:{gone}', 's')).toBe('1'); // the lock's state hint: one holder, nobody waits
     await held.release();
     // nothing left but the token counter and the queue sequence (kept retainMs for the next grant)
     expect((await admin.hkeys('leasehold:{gone}')).sort()).toEqual(['qs', 't']);
