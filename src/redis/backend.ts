@@ -110,6 +110,10 @@ end
  * clock_us: one TIME call giving now in ms, in µs, and the µs as a decimal string (built from
  * TIME's own digits: formatting a 16-digit number costs more than the redis.call).
  * next_token: max(counter + 1, now in µs), the token floor of I1.
+ * other_keys: the queue and waiters keys of a lock and the session key prefix, named after the
+ * lock key. Operations declare only the lock key (and the caller's session): the queue and
+ * waiters keys share its hash tag, hence its cluster slot, and are touched only on the slow
+ * paths; session keys of other holders (purge) cannot be known in advance anyway.
  * state / store_state / queued_hint: the `s` field (see the layout above).
  * purge: reads the lock hash; holders that expired (or whose session is gone) are removed and their
  * lock-delay starts (I8); `d` and `s` are written back when they changed. Returns the live
@@ -132,6 +136,9 @@ end
 local function wake_id(owner, ch)
   if ch == '' then return '' end
   return string.sub(redis.sha1hex(owner), 1, 20)
+end
+local function other_keys(lk)
+  return lk .. ':q', lk .. ':w', string.sub(lk, 1, string.find(lk, '{', 1, true) - 1) .. 'session:'
 end
 local function session_lock_delay(sk, sexp, ld)
   if ld > 0 and ld > tonumber(redis.call('HGET', sk, 'ld') or '0') then
@@ -257,9 +264,9 @@ end
  * acquire: grants, or answers busy (enqueueing the caller when it will wait). The token is raised
  * in the same call as the grant: max(counter + 1, server TIME in µs), so a counter lost with the
  * data cannot bring tokens back while the server clock moves forward (I1).
- * KEYS: lock, queue, waiters[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, session id
- * ('' for none), session prefix, retain[, queueTtl, wake channel ('' when this client cannot be
- * told)] — the last two only when the caller will wait (it is then enqueued).
+ * KEYS: lock[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, session id ('' for none),
+ * retain[, queueTtl, wake channel ('' when this client cannot be told)] — the last two only when
+ * the caller will wait (it is then enqueued).
  * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
  *
  * Fast path, the common case: the key is free (no `s`): TIME, [session HGET], HMGET of counter and
@@ -270,19 +277,19 @@ end
  * or not it expired (a release and an expiry then end the same way, so its expiry need not be
  * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
  * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
- * KEYS: lock, queue, waiters. ARGV: owner, token, session prefix, retain. Returns 1 if released.
+ * KEYS: lock. ARGV: owner, token, retain. Returns 1 if released.
  * Fast path: no lock-delay, and the only holder with nobody waiting (`s` = 1): HMGET, one HDEL of
  * holder and state, and for a session-bound holder one PEXPIRE (the key lives `retain` for its
  * counter; a holder of its own already set a later expiry at its grant or last renewal).
  *
  * renew: extends the holder's expiry to now + ttl if owner and token match and it is still live
  * (a lease bound to a session extends its session instead).
- * KEYS: lock, queue, waiters. ARGV: owner, token, ttl, session prefix, retain. Returns 1 if renewed.
+ * KEYS: lock. ARGV: owner, token, ttl, retain. Returns 1 if renewed.
  *
  * cancel: leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
- * KEYS: lock, queue, waiters. ARGV: owner, session prefix. Returns 1 if a place was removed.
+ * KEYS: lock. ARGV: owner. Returns 1 if a place was removed.
  *
- * inspect: state of one lock (purging what expired). KEYS: lock, queue, waiters. ARGV: session prefix.
+ * inspect: state of one lock (purging what expired). KEYS: lock.
  * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
  *
  * session_open: a session living ttl from now (server clock). KEYS: session. ARGV: ttl.
@@ -295,7 +302,7 @@ end
  */
 const OPERATIONS = {
   acquire: `
-local lk, qk, wk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lk, sk = KEYS[1], KEYS[2]
 local owner, mode, ses = ARGV[1], ARGV[2], ARGV[6]
 local now, now_us, now_us_s = clock_us()
 local sexp = 0
@@ -312,7 +319,7 @@ if not top[2] then
   if ses == '' then
     local exp = now + tonumber(ARGV[3])
     redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
-    redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[8])))
+    redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[7])))
   else
     redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
     -- a key that did not exist has no TTL to remove (the counter is only ever absent with the key)
@@ -322,8 +329,9 @@ if not top[2] then
   return {'G', tok}
 end
 local ttl, ld, label = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local sp, retain = ARGV[7], tonumber(ARGV[8])
-local queued = ARGV[9] ~= nil
+local qk, wk, sp = other_keys(lk)
+local retain = tonumber(ARGV[7])
+local queued = ARGV[8] ~= nil
 local live, d, f = purge(lk, sp, now)
 local has_queue = queued_hint(f)
 for _, h in ipairs(live) do
@@ -358,8 +366,8 @@ if queued then
   if not redis.call('ZSCORE', qk, owner) then
     redis.call('ZADD', qk, num(redis.call('HINCRBY', lk, 'qs', 1)), owner)
   end
-  local ch = ARGV[10]
-  redis.call('HSET', wk, owner, mode .. '|' .. num(now + tonumber(ARGV[9])) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
+  local ch = ARGV[9]
+  redis.call('HSET', wk, owner, mode .. '|' .. num(now + tonumber(ARGV[8])) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
   queue_empty = false
 end
 store_state(lk, f, state(#live, not queue_empty, d > now))
@@ -377,8 +385,8 @@ if soonest >= 0 then retry = num(soonest - now) end
 return {'B', first and first.label or '', retry}`,
 
   release: `
-local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
-local owner, token, sp = ARGV[1], ARGV[2], ARGV[3]
+local lk = KEYS[1]
+local owner, token = ARGV[1], ARGV[2]
 local hf = 'h:' .. owner
 local top = redis.call('HMGET', lk, hf, 's')
 local v = top[1]
@@ -390,9 +398,10 @@ if ld == '0' and top[2] == '1' then
   redis.call('HDEL', lk, hf, 's')
   -- a holder of its own set the key's expiry past now + retain at its grant or renewal; a
   -- session-bound one had it removed: keep the counter retain from now
-  if ses ~= '' then redis.call('PEXPIRE', lk, ARGV[4]) end
+  if ses ~= '' then redis.call('PEXPIRE', lk, ARGV[3]) end
   return 1
 end
+local qk, wk, sp = other_keys(lk)
 local now = clock()
 local released = 0
 if ld == '0' then
@@ -415,12 +424,13 @@ if queued_hint(f) then
   queue_empty = wake_head(qk, wk, live, d, now)
   if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
 end
-gc(lk, qk, wk, live, d, now, tonumber(ARGV[4]), queue_empty)
+gc(lk, qk, wk, live, d, now, tonumber(ARGV[3]), queue_empty)
 return released`,
 
   renew: `
-local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
-local owner, token, ttl, sp, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local lk = KEYS[1]
+local owner, token, ttl, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local qk, wk, sp = other_keys(lk)
 local top = redis.call('HMGET', lk, 'h:' .. owner, 's')
 if not top[1] then return 0 end
 local h = holder(top[1])
@@ -445,8 +455,9 @@ end
 return 1`,
 
   cancel: `
-local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
-local owner, sp = ARGV[1], ARGV[2]
+local lk = KEYS[1]
+local owner = ARGV[1]
+local qk, wk, sp = other_keys(lk)
 if not redis.call('ZSCORE', qk, owner) then
   redis.call('HDEL', wk, owner)
   return 0
@@ -462,8 +473,8 @@ if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
 return 1`,
 
   inspect: `
-local lk, qk, wk = KEYS[1], KEYS[2], KEYS[3]
-local sp = ARGV[1]
+local lk = KEYS[1]
+local qk, wk, sp = other_keys(lk)
 local now = clock()
 local live, d, f = purge(lk, sp, now)
 local waiters = 0
@@ -546,10 +557,8 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   const retain = String(retainMs);
   let closed = false;
 
-  const keysOf = (key: string): [lock: string, queue: string, waiters: string] => {
-    const lock = `${prefix}{${encodeKey(key)}}`;
-    return [lock, `${lock}:q`, `${lock}:w`];
-  };
+  /** The lock key; its queue and waiters keys (`<lock>:q`, `<lock>:w`) are named in the Lua (other_keys). */
+  const lockKey = (key: string): string => `${prefix}{${encodeKey(key)}}`;
 
   const ensureOpen = (): void => {
     if (closed) throw new InvalidArgumentError('backend', 'this redis backend was closed');
@@ -564,7 +573,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   const wakes = new WakeHub(conn, `${prefix}wake:${randomBytes(12).toString('hex')}`);
 
   const release = (req: ReleaseRequest): Promise<void> =>
-    run('release', 'release', keysOf(req.key), [req.owner, req.token.toString(), sessionPrefix, retain]).then(ignore);
+    run('release', 'release', [lockKey(req.key)], [req.owner, req.token.toString(), retain]).then(ignore);
 
   const sessions: SessionSupport = {
     async open(ttlMs) {
@@ -581,9 +590,8 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   };
 
   const send = (req: AcquireRequest, wakeable: boolean): Promise<AcquireResult> => {
-    const keys: string[] = keysOf(req.key);
-    if (req.session !== undefined) keys.push(sessionPrefix + req.session);
-    const args = [req.owner, req.mode === 'shared' ? 's' : 'e', decimal(req.ttlMs), decimal(req.lockDelayMs), req.holder, req.session ?? '', sessionPrefix, retain];
+    const keys = req.session === undefined ? [lockKey(req.key)] : [lockKey(req.key), sessionPrefix + req.session];
+    const args = [req.owner, req.mode === 'shared' ? 's' : 'e', decimal(req.ttlMs), decimal(req.lockDelayMs), req.holder, req.session ?? '', retain];
     // Only a caller that will wait is enqueued: it alone sends its place's ttl and its wake-up channel.
     if (req.queue) args.push(String(req.queueTtlMs), wakeable ? wakes.channel : '');
     // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
@@ -627,7 +635,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      const r = await run('renew', 'renew', keysOf(req.key), [req.owner, req.token.toString(), String(req.ttlMs), sessionPrefix, retain]);
+      const r = await run('renew', 'renew', [lockKey(req.key)], [req.owner, req.token.toString(), String(req.ttlMs), retain]);
       return int(r) === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
     },
 
@@ -635,7 +643,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
 
     async cancelWait({ key, owner }) {
       wakes.forgetOwner(owner);
-      await run('cancel wait', 'cancel', keysOf(key), [owner, sessionPrefix]);
+      await run('cancel wait', 'cancel', [lockKey(key)], [owner]);
     },
 
     async subscribe(_key: string, onChange: () => void, cursor?: unknown) {
@@ -665,7 +673,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       const all = [...metas];
       for (let i = 0; i < all.length; i += 100) {
         const batch = all.slice(i, i + 100);
-        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta, `${meta}:q`, `${meta}:w`], [sessionPrefix])));
+        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta], [])));
         batch.forEach((meta, j) => {
           const r = replies[j]!;
           const holders = [];
