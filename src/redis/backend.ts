@@ -117,7 +117,8 @@ end
  * state / store_state / queued_hint: the `s` field (see the layout above).
  * purge: reads the lock hash; holders that expired (or whose session is gone) are removed and their
  * lock-delay starts (I8); `d` and `s` are written back when they changed. Returns the live
- * holders, the lock-delay end and the other fields (`f.s` kept equal to what is stored).
+ * holders, the lock-delay end, the other fields (`f.s` kept equal to what is stored) and whether
+ * it removed a holder (then the caller runs gc: a key kept for a holder now gone gets its TTL).
  * gc: key TTLs from the live holders: none while a session-bound holder lives (the session decides
  * its end), else the latest expiry plus lock-delay, plus `retain` for the counter.
  */
@@ -192,7 +193,7 @@ local function purge(lk, sp, now)
     redis.call('HSET', lk, 'd', num(d))
   end
   store_state(lk, f, state(#live, queued_hint(f), d > now))
-  return live, d, f
+  return live, d, f, #gone > 0
 end
 local function waiter(wk, owner)
   local v = redis.call('HGET', wk, owner)
@@ -287,9 +288,9 @@ end
  * KEYS: lock. ARGV: owner, token, ttl, retain. Returns 1 if renewed.
  *
  * cancel: leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
- * KEYS: lock. ARGV: owner. Returns 1 if a place was removed.
+ * KEYS: lock. ARGV: owner, retain. Returns 1 if a place was removed.
  *
- * inspect: state of one lock (purging what expired). KEYS: lock.
+ * inspect: state of one lock (purging what expired). KEYS: lock. ARGV: retain.
  * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
  *
  * session_open: a session living ttl from now (server clock). KEYS: session. ARGV: ttl.
@@ -456,7 +457,7 @@ return 1`,
 
   cancel: `
 local lk = KEYS[1]
-local owner = ARGV[1]
+local owner, retain = ARGV[1], tonumber(ARGV[2])
 local qk, wk, sp = other_keys(lk)
 if not redis.call('ZSCORE', qk, owner) then
   redis.call('HDEL', wk, owner)
@@ -465,18 +466,19 @@ end
 local now = clock()
 local first = head(qk, wk, now)
 drop_waiter(qk, wk, owner)
-local live, d, f = purge(lk, sp, now)
+local live, d, f, purged = purge(lk, sp, now)
 local queue_empty
 if first and first.owner == owner then queue_empty = wake_head(qk, wk, live, d, now)
 else queue_empty = redis.call('ZCARD', qk) == 0 end
 if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
+if purged then gc(lk, qk, wk, live, d, now, retain, queue_empty) end
 return 1`,
 
   inspect: `
 local lk = KEYS[1]
 local qk, wk, sp = other_keys(lk)
 local now = clock()
-local live, d, f = purge(lk, sp, now)
+local live, d, f, purged = purge(lk, sp, now)
 local waiters = 0
 if queued_hint(f) then
   for _, o in ipairs(redis.call('ZRANGE', qk, 0, -1)) do
@@ -485,6 +487,7 @@ if queued_hint(f) then
   end
   if waiters == 0 then store_state(lk, f, state(#live, false, d > now)) end
 end
+if purged then gc(lk, qk, wk, live, d, now, tonumber(ARGV[1]), not queued_hint(f)) end
 local delay = 0
 if d > now then delay = d - now end
 local out = { f.t or '0', num(delay), waiters }
@@ -643,7 +646,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
 
     async cancelWait({ key, owner }) {
       wakes.forgetOwner(owner);
-      await run('cancel wait', 'cancel', [lockKey(key)], [owner]);
+      await run('cancel wait', 'cancel', [lockKey(key)], [owner, retain]);
     },
 
     async subscribe(_key: string, onChange: () => void, cursor?: unknown) {
@@ -673,7 +676,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       const all = [...metas];
       for (let i = 0; i < all.length; i += 100) {
         const batch = all.slice(i, i + 100);
-        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta], [])));
+        const replies = await Promise.all(batch.map((meta) => run<unknown[]>('inspect', 'inspect', [meta], [retain])));
         batch.forEach((meta, j) => {
           const r = replies[j]!;
           const holders = [];
