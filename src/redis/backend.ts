@@ -95,13 +95,15 @@ end
 // slot of its hash tag:
 //   lock    hash  t = last token, d = lock-delay end (server ms), qs = queue sequence,
 //                  h:<owner> = holder record (see the prelude) for each holder,
-//                  s = state hint: the number of holder fields, then `q` while the queue may be
-//                  non-empty and `d` while a lock-delay may run; absent when none of them is so
+//                  s = state hint: the number of holder fields, then `l` if one of them has a
+//                  lock-delay, `q` while the queue may be non-empty and `d` while a lock-delay
+//                  may run; absent when none of them is so
 //   queue   zset  owner by arrival sequence                               (only while someone waits)
 //   waiters hash  <owner> = mode|expiresAt|wakeId|channel for each waiter  (only while someone waits)
 // The hint is exact where the fast paths rely on it: `s` absent means no holder field at all (live
 // or expired), no queue entry and no lock-delay, so the key is free (one HMGET of `t` and `s`
-// tells); `s` = 1 means one holder, nobody waits, no lock-delay. Every path that reads the whole
+// tells); `s` = 1 means one holder without lock-delay, nobody waits, no lock-delay runs. Every
+// path that reads the whole
 // hash (purge) writes `s` back from what it found.
 // ---------------------------------------------------------------------------------------------
 
@@ -147,9 +149,15 @@ local function session_lock_delay(sk, sexp, ld)
     redis.call('PEXPIREAT', sk, num(sexp + ld))
   end
 end
-local function state(n, queued, delayed)
+local function state(live, queued, delayed)
   local s = ''
-  if n > 0 then s = num(n) end
+  if #live > 0 then s = num(#live) end
+  for _, h in ipairs(live) do
+    if h.ld > 0 then
+      s = s .. 'l'
+      break
+    end
+  end
   if queued then s = s .. 'q' end
   if delayed then s = s .. 'd' end
   return s
@@ -192,7 +200,7 @@ local function purge(lk, sp, now)
     d = nd
     redis.call('HSET', lk, 'd', num(d))
   end
-  store_state(lk, f, state(#live, queued_hint(f), d > now))
+  store_state(lk, f, state(live, queued_hint(f), d > now))
   return live, d, f, #gone > 0
 end
 local function waiter(wk, owner)
@@ -268,7 +276,7 @@ end
  * KEYS: lock[, session]. ARGV: owner, mode (e|s), ttl, lockDelay, label, session id ('' for none),
  * retain[, queueTtl, wake channel ('' when this client cannot be told)] — the last two only when
  * the caller will wait (it is then enqueued).
- * Returns {'G', token} | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
+ * Returns the token (a string: granted) | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
  *
  * Fast path, the common case: the key is free (no `s`): TIME, [session HGET], HMGET of counter and
  * state, one HSET of counter, state and holder, and one TTL command (PERSIST when the key existed,
@@ -279,8 +287,8 @@ end
  * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
  * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
  * KEYS: lock. ARGV: owner, token, retain. Returns 1 if released.
- * Fast path: no lock-delay, and the only holder with nobody waiting (`s` = 1): HMGET, one HDEL of
- * holder and state, and for a session-bound holder one PEXPIRE (the key lives `retain` for its
+ * Fast path: the only holder, without lock-delay, nobody waiting (`s` = 1): HMGET, the token
+ * compared in place, one HDEL of holder and state, and for a session-bound holder one PEXPIRE (the key lives `retain` for its
  * counter; a holder of its own already set a later expiry at its grant or last renewal).
  *
  * renew: extends the holder's expiry to now + ttl if owner and token match and it is still live
@@ -319,15 +327,15 @@ if not top[2] then
   -- ARGV[4], the lock-delay, is a decimal integer (the client formats it): stored as given
   if ses == '' then
     local exp = now + tonumber(ARGV[3])
-    redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
+    redis.call('HSET', lk, 't', tok, 's', ARGV[4] == '0' and '1' or '1l', 'h:' .. owner, mode .. '|' .. tok .. '|' .. num(exp) .. '|' .. ARGV[4] .. '||' .. ARGV[5])
     redis.call('PEXPIREAT', lk, num(exp + tonumber(ARGV[4]) + tonumber(ARGV[7])))
   else
-    redis.call('HSET', lk, 't', tok, 's', '1', 'h:' .. owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
+    redis.call('HSET', lk, 't', tok, 's', ARGV[4] == '0' and '1' or '1l', 'h:' .. owner, mode .. '|' .. tok .. '|0|' .. ARGV[4] .. '|' .. ses .. '|' .. ARGV[5])
     -- a key that did not exist has no TTL to remove (the counter is only ever absent with the key)
     if top[1] then redis.call('PERSIST', lk) end
     if ARGV[4] ~= '0' then session_lock_delay(sk, sexp, tonumber(ARGV[4])) end
   end
-  return {'G', tok}
+  return tok
 end
 local ttl, ld, label = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local qk, wk, sp = other_keys(lk)
@@ -342,7 +350,7 @@ for _, h in ipairs(live) do
       redis.call('HSET', lk, 'h:' .. owner, holder_record(h))
     end
     gc(lk, qk, wk, live, d, now, retain, not has_queue)
-    return {'G', h.tok}
+    return h.tok
   end
 end
 local clear, queue_empty = false, not has_queue
@@ -359,9 +367,9 @@ if clear then
     if mode == 's' then queue_empty = wake_head(qk, wk, live, d, now)
     else queue_empty = redis.call('ZCARD', qk) == 0 end
   end
-  store_state(lk, f, state(#live, not queue_empty, d > now))
+  store_state(lk, f, state(live, not queue_empty, d > now))
   gc(lk, qk, wk, live, d, now, retain, queue_empty)
-  return {'G', h.tok}
+  return h.tok
 end
 if queued then
   if not redis.call('ZSCORE', qk, owner) then
@@ -371,7 +379,7 @@ if queued then
   redis.call('HSET', wk, owner, mode .. '|' .. num(now + tonumber(ARGV[8])) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
   queue_empty = false
 end
-store_state(lk, f, state(#live, not queue_empty, d > now))
+store_state(lk, f, state(live, not queue_empty, d > now))
 gc(lk, qk, wk, live, d, now, retain, queue_empty)
 local soonest = -1
 if d > now then soonest = d end
@@ -392,16 +400,19 @@ local hf = 'h:' .. owner
 local top = redis.call('HMGET', lk, hf, 's')
 local v = top[1]
 if not v then return 0 end
-local tok, ld, ses = string.match(v, '^%a|(%d+)|%d+|(%d+)|([^|]*)|')
-if tok and tok ~= token then return 0 end
-if ld == '0' and top[2] == '1' then
-  -- the only holder, nobody waits, no lock-delay: delete it and the state (the key is free)
+-- the record is mode|token|expiresAt|…: the token is checked in place, without parsing
+local n = #token
+if top[2] == '1' and string.find(v, token, 3, true) == 3 and string.byte(v, n + 3) == 124 then
+  -- the only holder, without lock-delay; nobody waits, no lock-delay runs: delete it and the
+  -- state (the key is free)
   redis.call('HDEL', lk, hf, 's')
   -- a holder of its own set the key's expiry past now + retain at its grant or renewal; a
-  -- session-bound one had it removed: keep the counter retain from now
-  if ses ~= '' then redis.call('PEXPIRE', lk, ARGV[3]) end
+  -- session-bound one (expiresAt 0) had it removed: keep the counter retain from now
+  if string.byte(v, n + 4) == 48 and string.byte(v, n + 5) == 124 then redis.call('PEXPIRE', lk, ARGV[3]) end
   return 1
 end
+local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
+if tok and tok ~= token then return 0 end
 local qk, wk, sp = other_keys(lk)
 local now = clock()
 local released = 0
@@ -423,7 +434,7 @@ local live, d, f = purge(lk, sp, now)
 local queue_empty = true
 if queued_hint(f) then
   queue_empty = wake_head(qk, wk, live, d, now)
-  if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
+  if queue_empty then store_state(lk, f, state(live, false, d > now)) end
 end
 gc(lk, qk, wk, live, d, now, tonumber(ARGV[3]), queue_empty)
 return released`,
@@ -470,7 +481,7 @@ local live, d, f, purged = purge(lk, sp, now)
 local queue_empty
 if first and first.owner == owner then queue_empty = wake_head(qk, wk, live, d, now)
 else queue_empty = redis.call('ZCARD', qk) == 0 end
-if queue_empty then store_state(lk, f, state(#live, false, d > now)) end
+if queue_empty then store_state(lk, f, state(live, false, d > now)) end
 if purged then gc(lk, qk, wk, live, d, now, retain, queue_empty) end
 return 1`,
 
@@ -485,7 +496,7 @@ if queued_hint(f) then
     local w = waiter(wk, o)
     if w and w.exp > now then waiters = waiters + 1 else drop_waiter(qk, wk, o) end
   end
-  if waiters == 0 then store_state(lk, f, state(#live, false, d > now)) end
+  if waiters == 0 then store_state(lk, f, state(live, false, d > now)) end
 end
 if purged then gc(lk, qk, wk, live, d, now, tonumber(ARGV[1]), not queued_hint(f)) end
 local delay = 0
@@ -598,15 +609,16 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     // Only a caller that will wait is enqueued: it alone sends its place's ttl and its wake-up channel.
     if (req.queue) args.push(String(req.queueTtlMs), wakeable ? wakes.channel : '');
     // Nobody listens for this answer any more: a grant in it must not hold the key until its ttl.
-    const onLate = (late: unknown[]): void => {
-      if (Array.isArray(late) && late[0] === 'G') void release({ key: req.key, owner: req.owner, token: BigInt(String(late[1])), mode: req.mode }).catch(() => {});
+    const onLate = (late: unknown): void => {
+      if (typeof late === 'string') void release({ key: req.key, owner: req.owner, token: BigInt(late), mode: req.mode }).catch(() => {});
     };
-    return run<unknown[]>('acquire', 'acquire', keys, args, onLate).then((reply) => {
+    return run<string | unknown[]>('acquire', 'acquire', keys, args, onLate).then((reply) => {
+      if (typeof reply === 'string') {
+        // Granted: the reply is the token. A wake-up that reached us after an earlier busy answer is stale now.
+        if (wakeable) wakes.forgetOwner(req.owner);
+        return { granted: true, token: BigInt(reply), ttlMs: req.ttlMs };
+      }
       switch (reply[0]) {
-        case 'G':
-          // A wake-up that reached us after an earlier busy answer is stale now.
-          if (wakeable) wakes.forgetOwner(req.owner);
-          return { granted: true, token: BigInt(String(reply[1])), ttlMs: req.ttlMs };
         case 'B': {
           const holder = String(reply[1] ?? '');
           const retry = String(reply[2] ?? '');
