@@ -579,15 +579,15 @@ export function redisBackend(options: RedisBackendOptions): Backend {
   };
 
   const runner = new LuaRunner(conn, REDIS_LIBRARY, { batching: true, timeoutMs: commandTimeoutMs, backend: 'redis' });
-  const run = <T = unknown>(what: string, op: string, keys: readonly string[], args: readonly string[], onLate?: (value: T) => void): Promise<T> => {
+  const run = <T = unknown, R = T>(what: string, op: string, keys: readonly string[], args: readonly string[], onLate?: (value: T) => void, map?: (value: T) => R): Promise<R> => {
     if (closed) return Promise.reject(new InvalidArgumentError('backend', 'this redis backend was closed'));
-    return runner.run<T>(op, keys, args, what, onLate);
+    return runner.run<T, R>(op, keys, args, what, onLate, map);
   };
 
   const wakes = new WakeHub(conn, `${prefix}wake:${randomBytes(12).toString('hex')}`);
 
   const release = (req: ReleaseRequest): Promise<void> =>
-    run('release', 'release', [lockKey(req.key)], [req.owner, req.token.toString(), retain]).then(ignore);
+    run('release', 'release', [lockKey(req.key)], [req.owner, req.token.toString(), retain], undefined, ignore);
 
   const sessions: SessionSupport = {
     async open(ttlMs) {
@@ -612,7 +612,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     const onLate = (late: unknown): void => {
       if (typeof late === 'string') void release({ key: req.key, owner: req.owner, token: BigInt(late), mode: req.mode }).catch(() => {});
     };
-    return run<string | unknown[]>('acquire', 'acquire', keys, args, onLate).then((reply) => {
+    return run('acquire', 'acquire', keys, args, onLate, (reply: string | unknown[]): AcquireResult => {
       if (typeof reply === 'string') {
         // Granted: the reply is the token. A wake-up that reached us after an earlier busy answer is stale now.
         if (wakeable) wakes.forgetOwner(req.owner);

@@ -267,11 +267,15 @@ const BATCH_LUA = `
 local function op_batch(KEYS, ARGV)
   local out = {}
   local ki, ai = 1, 2
+  -- one KEYS and one ARGV table for all operations, refilled (the rest cleared) for each
+  local k, a, kn, an = {}, {}, 0, 0
   for i = 1, tonumber(ARGV[1]) do
     local f, nk, na = OPS[ARGV[ai]], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
-    local k, a = {}, {}
     for j = 1, nk do k[j] = KEYS[ki + j - 1] end
+    for j = nk + 1, kn do k[j] = nil end
     for j = 1, na do a[j] = ARGV[ai + 2 + j] end
+    for j = na + 1, an do a[j] = nil end
+    kn, an = nk, na
     ki, ai = ki + nk, ai + 3 + na
     local ok, r = pcall(f, k, a)
     if not ok then
@@ -350,6 +354,8 @@ interface Op extends Watched {
   readonly args: readonly string[];
   readonly resolve: (value: unknown) => void;
   readonly onLate: ((value: unknown) => void) | undefined;
+  /** Turns the reply into the caller's result (run inside the settling, no further promise); may throw. */
+  readonly map: ((value: unknown) => unknown) | undefined;
 }
 
 /**
@@ -399,14 +405,16 @@ export class LuaRunner {
   }
 
   /**
-   * Runs one operation. Rejects with a LeaseholdError ({@link mapRedisError}), or
-   * BackendUnavailableError after the deadline; an answer after that goes to `onLate`.
+   * Runs one operation. Resolves with `map(reply)` (the reply itself without `map`); rejects with a
+   * LeaseholdError ({@link mapRedisError}; also what `map` throws), or BackendUnavailableError after
+   * the deadline; an answer after that goes to `onLate`.
    */
-  run<T = unknown>(name: string, keys: readonly string[], args: readonly string[], what: string, onLate?: (value: T) => void): Promise<T> {
-    return new Promise<T>((resolve, reject) => {
+  run<T = unknown, R = T>(name: string, keys: readonly string[], args: readonly string[], what: string, onLate?: (value: T) => void, map?: (value: T) => R): Promise<R> {
+    return new Promise<R>((resolve, reject) => {
       const op: Op = {
         at: performance.now() + this.#timeoutMs, list: watchList(this.#timeoutMs), backend: this.#backend, what, reject, live: true,
         prev: undefined, next: undefined, name, keys, args, resolve: resolve as (value: unknown) => void, onLate: onLate as ((value: unknown) => void) | undefined,
+        map: map as ((value: unknown) => unknown) | undefined,
       };
       watch(op);
       if (!this.#batching || (this.#inFlight < BATCH_SIZE && this.#queue.length === 0)) {
@@ -488,10 +496,7 @@ export class LuaRunner {
   #send(name: string, keys: readonly string[], args: readonly string[]): Promise<unknown> {
     try {
       if (!this.#functions) return this.#lib.script(name).run(this.#conn, keys, args);
-      const a: string[] = [this.#lib.functionName(name), String(keys.length)];
-      for (const k of keys) a.push(k);
-      for (const x of args) a.push(x);
-      return this.#conn.send('FCALL', a);
+      return this.#conn.send('FCALL', [this.#lib.functionName(name), String(keys.length)].concat(keys, args));
     } catch (error) {
       return Promise.reject(error);
     }
@@ -534,7 +539,17 @@ function settle(op: Op, value: unknown): void {
   if (!op.live) op.onLate?.(value);
   else {
     unwatch(op);
-    op.resolve(value);
+    if (op.map === undefined) op.resolve(value);
+    else {
+      let result: unknown;
+      try {
+        result = op.map(value);
+      } catch (error) {
+        op.reject(mapRedisError(op.backend, op.what, error));
+        return;
+      }
+      op.resolve(result);
+    }
   }
 }
 
