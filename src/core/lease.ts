@@ -1,6 +1,7 @@
 import type { Clock, TimerHandle } from './clock.js';
 import { BackendUnavailableError, LeaseholdError, LeaseLostError, type LossReason } from './errors.js';
 import type { LockEvents, TypedEmitter } from './events.js';
+import { formatSequencer } from './token.js';
 import type { LockMode } from './validate.js';
 
 /**
@@ -203,7 +204,8 @@ export class LeaseImpl implements Lease {
   readonly key: string;
   readonly token: bigint;
   readonly mode: LockMode;
-  readonly sequencer: string;
+  /** Formatted on first use (a base64url of the key): many leases never hand theirs on. */
+  #sequencer: string | undefined;
   /** Made on first use: most leases end by release and nobody looks at their signal. */
   #controller: AbortController | undefined;
   readonly #ctx: LeaseContext;
@@ -219,14 +221,12 @@ export class LeaseImpl implements Lease {
     key: string;
     token: bigint;
     mode: LockMode;
-    sequencer: string;
     acquiredAt: number;
     release: () => Promise<void>;
   }) {
     this.key = init.key;
     this.token = init.token;
     this.mode = init.mode;
-    this.sequencer = init.sequencer;
     this.#ctx = init.ctx;
     this.#keeper = init.keeper;
     this.#acquiredAt = init.acquiredAt;
@@ -235,6 +235,10 @@ export class LeaseImpl implements Lease {
 
   get ttlMs(): number {
     return this.#keeper.ttlMs;
+  }
+
+  get sequencer(): string {
+    return (this.#sequencer ??= formatSequencer(this.key, this.mode, this.token));
   }
 
   get signal(): AbortSignal {

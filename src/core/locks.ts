@@ -5,7 +5,6 @@ import { systemClock, type Clock, type TimerHandle } from './clock.js';
 import { AcquireTimeoutError, InvalidArgumentError, LeaseholdError, LeaseLostError } from './errors.js';
 import { TypedEmitter, type LockEvents } from './events.js';
 import { Keeper, LeaseImpl, toLeaseholdError, withTimeout, type Lease, type LeaseContext } from './lease.js';
-import { formatSequencer } from './token.js';
 import {
   checkBoolean, checkClock, checkInteger, checkKey, checkKnownOptions, checkMode, checkObject, checkPrefix, checkSignal, checkTtl,
   checkWait, describe, MAX_DURATION_MS, type LockMode,
@@ -106,12 +105,16 @@ export class Locks {
   readonly #random: () => number;
   readonly #leases = new Set<LeaseImpl>();
   readonly #sessions = new Map<number, Promise<Session>>();
+  /** The same sessions once open, so an acquire on the hot path does not await a settled promise. */
+  readonly #open = new Map<number, Session>();
   readonly #closing = new AbortController();
   /** Acquires under way; `close()` lets them settle (each call is time-boxed) before it closes the backend. */
   readonly #obtaining = new Set<Promise<unknown>>();
   readonly #ctx: LeaseContext;
   #backendSource: Backend | (() => Promise<Backend>);
   #backend: Promise<Backend> | undefined;
+  /** The backend once loaded: the hot path skips awaiting its promise. */
+  #loaded: Backend | undefined;
   #closed: Promise<void> | undefined;
 
   constructor(options: LocksOptions) {
@@ -227,6 +230,7 @@ export class Locks {
     await Promise.allSettled([...this.#leases].map((lease) => lease.release()));
     const sessions = await Promise.allSettled([...this.#sessions.values()]);
     this.#sessions.clear();
+    this.#open.clear();
     const backend = this.#backend ? await this.#backend.catch(() => undefined) : undefined;
     await Promise.allSettled(
       sessions.map(async (s) => {
@@ -261,13 +265,18 @@ export class Locks {
     if (!this.#backend) {
       const source = this.#backendSource;
       this.#backend = typeof source === 'function' ? Promise.resolve().then(source) : Promise.resolve(source);
-      this.#backend.catch(() => {});
+      this.#backend.then(
+        (b) => {
+          this.#loaded = b;
+        },
+        () => {},
+      );
     }
     return this.#backend;
   }
 
   async #obtain(key: string, o: ResolvedAcquire, wait: boolean): Promise<LeaseImpl | null> {
-    const backend = await this.#getBackend();
+    const backend = this.#loaded && !this.#closing.signal.aborted ? this.#loaded : await this.#getBackend();
     const clock = this.#clock;
     const signal = o.signal ? AbortSignal.any([o.signal, this.#closing.signal]) : this.#closing.signal;
     signal.throwIfAborted();
@@ -310,7 +319,7 @@ export class Locks {
         let result: AcquireResult | undefined;
         const sentAt = clock.now();
         try {
-          session = useSession ? await this.#session(backend, ttlMs) : undefined;
+          session = useSession ? (this.#open.get(ttlMs) ?? (await this.#session(backend, ttlMs))) : undefined;
           if (session) session.pending++;
           try {
             result = await withTimeout(
@@ -426,7 +435,6 @@ export class Locks {
       key,
       token,
       mode: o.mode,
-      sequencer: formatSequencer(key, o.mode, token),
       acquiredAt: clock.now(),
       release: () => withTimeout(backend.release({ key, owner, token, mode: o.mode }), clock, this.#operationTimeoutMs, 'release'),
     });
@@ -463,6 +471,7 @@ export class Locks {
         'session-lost',
       );
       session = new Session(id, keeper, opening);
+      if (this.#sessions.get(ttlMs) === opening) this.#open.set(ttlMs, session);
       return session;
     })();
     this.#sessions.set(ttlMs, opening);
@@ -500,6 +509,7 @@ export class Locks {
   /** Drops the session from the table at once, so no acquire picks it up after this. */
   #forgetSession(ttlMs: number, session: Session): void {
     if (this.#sessions.get(ttlMs) === session.entry) this.#sessions.delete(ttlMs);
+    if (this.#open.get(ttlMs) === session) this.#open.delete(ttlMs);
     if (session.idleTimer) this.#clock.clearTimeout(session.idleTimer);
     session.idleTimer = undefined;
   }
