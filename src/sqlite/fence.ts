@@ -28,12 +28,17 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
   const RAISE = `INSERT INTO ${table} (resource, token) VALUES (@resource, @token)
     ON CONFLICT (resource) DO UPDATE SET token = excluded.token WHERE token <= excluded.token`;
 
+  /**
+   * True once the table was created outside any transaction (committed for good). A CREATE run
+   * inside a transaction (the user's own, or ours) is rolled back with it, so until then every
+   * use runs the (idempotent) CREATE again.
+   */
   let created = false;
   let statements: { select: ReturnType<SqliteDatabase['prepare']>; raise: ReturnType<SqliteDatabase['prepare']> } | undefined;
   const ensure = (): NonNullable<typeof statements> => {
     if (!created) {
       db.exec(CREATE);
-      created = true;
+      if (!db.inTransaction) created = true;
     }
     return (statements ??= { select: db.prepare(SELECT).safeIntegers(true), raise: db.prepare(RAISE) });
   };
@@ -66,6 +71,8 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
       });
       try {
         // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
+        // The table is created in its own step first, so a rollback of the write cannot take it away.
+        if (!created && !db.inTransaction) await retryBusy('create fence table', ensure);
         return await retryBusy('fence write', () => {
           own = undefined;
           return db.inTransaction ? tx() : tx.immediate();

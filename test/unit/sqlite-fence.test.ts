@@ -17,3 +17,50 @@ describe('sqliteFence failures', () => {
     await expect(fence.highest('r')).rejects.toBeInstanceOf(BackendUnavailableError);
   });
 });
+
+describe('sqliteFence on a fresh database', () => {
+  it("a first write whose mutate throws does not take the fence's table down with it", async () => {
+    const db = new Database(':memory:');
+    const fence = sqliteFence(db);
+    const boom = new Error('boom');
+    await expect(fence.write('r', 5n, () => {
+      throw boom;
+    })).rejects.toBe(boom);
+    expect(await fence.highest('r')).toBeNull();
+    await fence.write('r', 1n, () => {});
+    expect(await fence.highest('r')).toBe(1n);
+    db.close();
+  });
+
+  it("a first write inside the user's own transaction, rolled back, leaves a working fence", async () => {
+    const db = new Database(':memory:');
+    db.exec('CREATE TABLE data (v INTEGER)');
+    const fence = sqliteFence(db);
+    db.exec('BEGIN');
+    await fence.write('r', 7n, (tx) => tx.prepare('INSERT INTO data VALUES (7)').run());
+    db.exec('ROLLBACK');
+    expect(await fence.highest('r')).toBeNull();
+    await fence.write('r', 1n, (tx) => tx.prepare('INSERT INTO data VALUES (1)').run());
+    expect(await fence.highest('r')).toBe(1n);
+    expect(db.prepare('SELECT v FROM data').pluck().all()).toEqual([1]);
+    // the same inside a user transaction that commits
+    db.exec('BEGIN');
+    await fence.write('r', 2n, (tx) => tx.prepare('INSERT INTO data VALUES (2)').run());
+    db.exec('COMMIT');
+    expect(await fence.highest('r')).toBe(2n);
+    db.close();
+  });
+
+  it('highest inside the rolled-back user transaction saw the mark; afterwards the table is back', async () => {
+    const db = new Database(':memory:');
+    const fence = sqliteFence(db);
+    db.exec('BEGIN');
+    await fence.write('r', 3n, () => {});
+    expect(await fence.highest('r')).toBe(3n);
+    db.exec('ROLLBACK');
+    expect(await fence.highest('r')).toBeNull();
+    await fence.write('r', 1n, () => {});
+    expect(await fence.highest('r')).toBe(1n);
+    db.close();
+  });
+});
