@@ -42,8 +42,6 @@ const IDLE_TIMEOUT_MS = 10_000;
 const DEFAULT_POOL_SIZE = 10;
 /** Server errors that mean "this key cannot be stored" (a database whose encoding lacks its characters), not an outage. */
 const UNSTORABLE = new Set(['22021', '22P05']);
-/** Catalog races between processes creating different leasehold objects in one new schema: trying again succeeds. */
-const DDL_RACES = new Set(['23505', '42P06', '42P07', '42710', '42723']);
 
 /**
  * Leases in PostgreSQL. One statement per acquire, renew and release; expiry is judged by the
@@ -123,14 +121,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
         );
       }
       const ddl = schemaStatements(n).filter((sql) => n.schema !== 'public' || !sql.startsWith('CREATE SCHEMA'));
-      for (let attempt = 1; ; attempt++) {
-        try {
-          await createOnce(pool, n.ddlLock, ddl);
-          return;
-        } catch (error) {
-          if (attempt >= 3 || !DDL_RACES.has(sqlState(error) ?? '')) throw error;
-        }
-      }
+      await createOnce(pool, n.ddlLock, ddl); // retries catalog races with other leasehold DDL
     })().catch((error: unknown) => {
       ready = undefined;
       throw mapError('create the lease tables', error);

@@ -89,10 +89,30 @@ export async function withTransaction<T>(pool: PgPool, fn: (client: PgClient) =>
   }
 }
 
-/** Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent first uses do not race in the catalog. */
+/**
+ * Catalog races between processes creating different leasehold objects in one new schema (their
+ * advisory locks differ, their CREATE SCHEMA IF NOT EXISTS collide): trying again succeeds.
+ */
+const DDL_RACES = new Set(['23505', '42P06', '42P07', '42710', '42723']);
+/** Attempts of one DDL run before a catalog race is reported. */
+const DDL_ATTEMPTS = 3;
+
+/**
+ * Runs DDL once per process and target under a transaction-scoped advisory lock, so concurrent
+ * first uses of one target do not race in the catalog; a race with another target's DDL (see
+ * DDL_RACES) is retried.
+ */
 export async function createOnce(pool: PgPool, lockName: string, statements: string[]): Promise<void> {
-  await withTransaction(pool, async (client) => {
-    await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
-    for (const sql of statements) await client.query(sql);
-  });
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await withTransaction(pool, async (client) => {
+        await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
+        for (const sql of statements) await client.query(sql);
+      });
+      return;
+    } catch (error) {
+      const code = (error as { code?: unknown } | null)?.code;
+      if (attempt >= DDL_ATTEMPTS || typeof code !== 'string' || !DDL_RACES.has(code)) throw error;
+    }
+  }
 }
