@@ -8,7 +8,7 @@ import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.
 import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
-import { Locks } from '../../src/core/locks.js';
+import { Locks, WAITING } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
 
 const flush = async (): Promise<void> => {
@@ -463,5 +463,122 @@ describe('a backend whose wake-up hook hangs', () => {
     resolveLate!(() => ended++);
     await flush();
     expect(ended).toBe(1);
+  });
+});
+
+/**
+ * How a waiter waits, counted in coordinator calls on the injected clock: woken by the backend's
+ * hook where it has one (no fallback polls), otherwise exponential backoff with full jitter.
+ * The wrapper drops the busy answers' retryInMs, so a timely grant can only come from the hook.
+ */
+describe('waiting for a busy key', () => {
+  /** Counts acquire calls (with the clock time of each) and hides retry hints; `subscribe: false` removes the wake-up hook. */
+  function counted(inner: Backend, clock: Clock, { subscribe }: { subscribe: boolean }) {
+    const calls: number[] = [];
+    const backend: Backend = {
+      ...inner,
+      close: async () => {},
+      subscribe: subscribe ? inner.subscribe : undefined,
+      acquire: async (req) => {
+        calls.push(clock.now());
+        const r = await inner.acquire(req);
+        if (r.granted) return r;
+        const { retryInMs: _hidden, ...busy } = r;
+        return busy;
+      },
+    };
+    return { backend, calls };
+  }
+
+  it('with a wake-up hook (memory), a release grants the waiter at once, with no fallback poll', async () => {
+    const clock = manualClock(0);
+    const inner = memoryBackend({ clock });
+    for (const withHook of [true, false]) {
+      const { backend, calls } = counted(inner, clock, { subscribe: withHook });
+      const locks = new Locks({ backend, clock });
+      const holder = new Locks({ backend: { ...inner, close: async () => {} }, clock });
+      const key = `release-${withHook}`;
+      const held = await holder.acquire(key, { ttlMs: 60_000, autoRenew: false });
+      let lease: Awaited<ReturnType<Locks['acquire']>> | undefined;
+      const waiting = locks.acquire(key, { ttlMs: 60_000, waitMs: 60_000, autoRenew: false }).then((l) => (lease = l));
+      await flush();
+      if (withHook) {
+        const before = calls.length;
+        await advance(clock, WAITING.fallbackPollMs - 10); // less than one fallback poll: the waiter stays quiet
+        expect(calls.length).toBe(before);
+        await held.release(); // no clock movement from here on: only the hook can wake the waiter
+        await flush();
+        expect(lease?.token).toBeGreaterThan(held.token);
+        expect(calls.length).toBe(before + 1);
+        await lease!.release();
+      } else {
+        // control: without the hook, the same release is only noticed by a later timed attempt
+        await advance(clock, 100);
+        await held.release();
+        await flush();
+        expect(lease).toBeUndefined();
+        await advance(clock, WAITING.backoffBaseMs + WAITING.backoffCapMs + 1);
+        expect((await waiting).token).toBeGreaterThan(held.token);
+        await lease!.release();
+      }
+      await locks.close();
+      await holder.close();
+    }
+  });
+
+  it('with a wake-up hook (memory), an expiry grants the waiter at the expiry, before any fallback poll', async () => {
+    const clock = manualClock(0);
+    const inner = memoryBackend({ clock });
+    const { backend, calls } = counted(inner, clock, { subscribe: true });
+    const locks = new Locks({ backend, clock });
+    const holder = new Locks({ backend: { ...inner, close: async () => {} }, clock });
+    const ttlMs = 200; // expires well before the first fallback poll (WAITING.fallbackPollMs)
+    const held = await holder.acquire('k', { ttlMs, autoRenew: false });
+    const expiresAt = clock.now() + ttlMs;
+    let grantedAt: number | undefined;
+    const waiting = locks.acquire('k', { ttlMs: 60_000, waitMs: 60_000, autoRenew: false }).then((l) => {
+      grantedAt = clock.now();
+      return l;
+    });
+    await flush();
+    const before = calls.length;
+    await advance(clock, ttlMs + 2, 1);
+    expect(grantedAt, 'granted by the time the key expired').toBeDefined();
+    expect(grantedAt).toBeLessThanOrEqual(expiresAt + 1);
+    const lease = await waiting;
+    expect(lease.token).toBeGreaterThan(held.token);
+    expect(calls.length).toBe(before + 1);
+    await lease.release();
+    await locks.close();
+    await holder.close();
+  });
+
+  it('without a wake-up hook, attempts back off exponentially with full jitter: base + random·min(cap, base·2^n)', async () => {
+    const clock = manualClock(0);
+    const inner = memoryBackend({ clock });
+    const { backend, calls } = counted(inner, clock, { subscribe: false });
+    const draws = [1, 0, 0.5, 1, 1, 0.25, 1, 1, 1, 0];
+    let used = 0;
+    const locks = new Locks({ backend, clock, random: () => draws[used++ % draws.length]! });
+    const holder = new Locks({ backend: { ...inner, close: async () => {} }, clock });
+    const held = await holder.acquire('k', { ttlMs: 60_000, autoRenew: false });
+    const waiting = locks.acquire('k', { ttlMs: 60_000, waitMs: 60_000, autoRenew: false });
+    await advance(clock, 2_000, 1);
+    expect(calls.length).toBeGreaterThan(draws.length);
+    const { backoffBaseMs: base, backoffCapMs: cap } = WAITING;
+    for (let n = 0; n < draws.length; n++) {
+      const gap = calls[n + 1]! - calls[n]!;
+      const expected = base + draws[n]! * Math.min(cap, base * 2 ** n);
+      // the clock moves in 1 ms steps, so an attempt is seen up to 1 ms after it was due
+      expect(Math.abs(gap - expected), `attempt ${n + 1}: gap ${gap}, expected ${expected}`).toBeLessThanOrEqual(1);
+      expect(gap).toBeGreaterThanOrEqual(base - 1);
+      expect(gap).toBeLessThanOrEqual(base + cap + 1);
+    }
+    expect(used).toBeGreaterThanOrEqual(draws.length); // each wait drew from the injected random
+    await held.release();
+    await advance(clock, base + cap + 1, 1);
+    await (await waiting).release();
+    await locks.close();
+    await holder.close();
   });
 });
