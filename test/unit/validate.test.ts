@@ -1,7 +1,10 @@
-import { describe, expect, it } from 'vitest';
+import Database from 'better-sqlite3';
+import { afterAll, describe, expect, it } from 'vitest';
 import { createLocks, InvalidArgumentError, Locks, memoryBackend, MAX_KEY_BYTES } from '../../src/index.js';
 import { backendLoader } from '../../src/connect.js';
-import { sqliteBackend } from '../../src/sqlite/index.js';
+import { manualClock } from '../../src/core/clock.js';
+import { postgresFence } from '../../src/postgres/index.js';
+import { sqliteBackend, sqliteFence } from '../../src/sqlite/index.js';
 
 describe('bad input is refused at the boundary, naming the problem', () => {
   const locks = new Locks({ backend: memoryBackend() });
@@ -67,5 +70,65 @@ describe('bad input is refused at the boundary, naming the problem', () => {
     const lease = await new Locks({ backend: memoryBackend() }).acquire('d');
     expect(lease.ttlMs).toBe(30_000);
     await lease.release();
+  });
+});
+
+describe('factories and constructors refuse bad input with a typed error naming it', () => {
+  const db = new Database(':memory:');
+  afterAll(() => db.close());
+  /** A pg Pool as postgresFence sees it (connect, query); these calls must fail before using it. */
+  const pool = { connect: async () => ({}) as never, query: async () => ({ rows: [], rowCount: 0 }) };
+  const clock = manualClock();
+
+  const cases: [string, () => unknown, string][] = [
+    ['sqliteFence without a database', () => sqliteFence({} as never), 'db'],
+    ['sqliteFence without anything', () => sqliteFence(undefined as never), 'db'],
+    ['sqliteFence table with a space', () => sqliteFence(db, { table: 'a b' }), 'table'],
+    ['sqliteFence table with a quote', () => sqliteFence(db, { table: 'a"b' }), 'table'],
+    ['sqliteFence unknown option', () => sqliteFence(db, { tabel: 'x' } as never), 'options.tabel'],
+    ['postgresFence schema with a quote', () => postgresFence(pool, { schema: 'x"y' }), 'schema'],
+    ['postgresFence table with a semicolon', () => postgresFence(pool, { table: 'marks; DROP TABLE x' }), 'table'],
+    ['postgresFence without a pool', () => postgresFence({} as never), 'pool'],
+    ['sqliteBackend path not a string', () => sqliteBackend({ path: 5 as never }), 'path'],
+    ['sqliteBackend path empty', () => sqliteBackend({ path: '' }), 'path'],
+    ['sqliteBackend options not an object', () => sqliteBackend('locks.db' as never), 'options'],
+    ['memoryBackend sessions not a boolean', () => memoryBackend({ sessions: 'x' as never }), 'options.sessions'],
+    ['memoryBackend options not an object', () => memoryBackend(7 as never), 'options'],
+    ['createLocks operationTimeoutMs 0', () => createLocks({ backend: memoryBackend(), operationTimeoutMs: 0 }), 'operationTimeoutMs'],
+    ['createLocks operationTimeoutMs not an integer', () => createLocks({ backend: memoryBackend(), operationTimeoutMs: 1.5 }), 'operationTimeoutMs'],
+    ['createLocks clock without setTimeout', () => createLocks({ backend: memoryBackend(), clock: { now: () => 0 } as never }), 'clock'],
+    ['createLocks clock not an object', () => createLocks({ backend: memoryBackend(), clock: 'performance' as never }), 'clock'],
+    ['createLocks defaults.fair', () => createLocks({ backend: memoryBackend(), defaults: { fair: 'x' as never } }), 'defaults.fair'],
+  ];
+  for (const [name, call, argument] of cases) {
+    it(name, () => {
+      let error: unknown;
+      try {
+        call();
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(InvalidArgumentError);
+      expect(error).toMatchObject({ code: 'INVALID_ARGUMENT', argument, name: 'InvalidArgumentError' });
+      expect((error as Error).message).toContain(argument);
+    });
+  }
+
+  it('acquire option fair must be a boolean', async () => {
+    const locks = createLocks({ backend: memoryBackend({ clock }), clock });
+    await expect(locks.acquire('k', { fair: 'x' as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'options.fair' });
+    await expect(locks.tryAcquire('k', { fair: 1 as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'options.fair' });
+    expect(await locks.inspect()).toEqual([]); // nothing was taken
+    await locks.close();
+  });
+
+  it('a sane-looking pg identifier is still quoted: a reserved word works as a schema name', async () => {
+    const seen: string[] = [];
+    const recording = {
+      connect: async () => ({ query: async (sql: string) => (seen.push(sql), { rows: [], rowCount: 0 }), release: () => {} }),
+      query: async (sql: string) => (seen.push(sql), { rows: [], rowCount: 0 }),
+    };
+    await postgresFence(recording, { schema: 'select', table: 'Marks' }).highest('r');
+    expect(seen.some((sql) => sql.includes('"select"."Marks"'))).toBe(true);
   });
 });
