@@ -1,4 +1,4 @@
-/** The README stays true: every ```js example runs against the built package, and the error table matches the code. */
+/** The README stays true: every ```js example and CLI line runs against the built package and prints what it should, and the error table matches the code. */
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -21,6 +21,33 @@ const exampleEnv: NodeJS.ProcessEnv = {
   DATABASE_URL: process.env.LEASEHOLD_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
   REDIS_URL: process.env.LEASEHOLD_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379',
 };
+
+/**
+ * What each example prints, found by a phrase of its code (so reordering the README is fine, and a
+ * new example fails until its output is pinned here). Exact where the output is deterministic (each
+ * example runs in a fresh directory, so the embedded store starts empty); token numbers from shared
+ * servers (PostgreSQL, Redis, etcd) grow from run to run, so those are patterns.
+ */
+const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
+  ['sqliteFence(db)', 'document 42, recomputed\n'],
+  // parseSequencer's result, then tryAcquire on the key the example holds: busy, so null
+  ['parseSequencer(lease.sequencer)', "{ version: 1, key: 'tenant:42:export', mode: 'exclusive', token: 1n }\nnull\n"],
+  ['postgresFence(pool)', /^exported under token [1-9]\d*\n$/],
+  ['redisFence(client', /^written under token [1-9]\d*\n$/],
+  ['etcdBackend({ hosts })', /^leader under token [1-9]\d* \(ttl 2000 ms\)\n$/],
+];
+const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
+  ['npx leasehold run nightly-report ', 'report run under token 1\n'],
+  ['npx leasehold verify ', /\nverdict: PASS \(every check passed\)\n$/],
+];
+
+function expectOutput(table: [string, string | RegExp][], text: string, matches: (text: string, key: string) => boolean, out: string): void {
+  const found = table.filter(([key]) => matches(text, key));
+  expect(found.map(([key]) => key), 'exactly one expected output in the test for this README example').toHaveLength(1);
+  const expected = found[0]![1];
+  if (typeof expected === 'string') expect(out).toBe(expected);
+  else expect(out).toMatch(expected);
+}
 
 describe('README', () => {
   // The etcd example needs a member: one of the test's own, on free ports.
@@ -45,7 +72,7 @@ describe('README', () => {
       try {
         writeFileSync(join(dir, 'example.mjs'), code);
         const out = execFileSync(process.execPath, ['example.mjs'], { cwd: dir, encoding: 'utf8', env: exampleEnv, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
-        expect(out.length).toBeGreaterThan(0);
+        expectOutput(EXPECTED_OUTPUT, code, (c, phrase) => c.includes(phrase), out);
       } finally {
         rmSync(dir, { recursive: true, force: true });
       }
@@ -62,7 +89,7 @@ describe('README', () => {
       try {
         const cli = join(root, 'dist', 'cli', 'main.js');
         const out = execFileSync('sh', ['-c', line.replace(/^npx leasehold /, `"${process.execPath}" "${cli}" `)], { cwd: dir, encoding: 'utf8', env: { ...process.env, LEASEHOLD_URL: '' }, timeout: 60_000 });
-        expect(out.length).toBeGreaterThan(0);
+        expectOutput(CLI_OUTPUT, line, (l, prefix) => l.startsWith(prefix), out);
       } finally {
         rmSync(dir, { recursive: true, force: true });
       }
