@@ -11,7 +11,11 @@ import {
 export interface SqliteBackendOptions {
   /** Database file; created if missing. Give this or `database`. */
   path?: string;
-  /** A better-sqlite3 Database you already have (its journal mode and lifetime stay yours). */
+  /**
+   * A better-sqlite3 Database you already have (its journal mode and lifetime stay yours). Calls
+   * made while it has an open transaction are refused (InvalidArgumentError): a grant inside it
+   * would roll back with it.
+   */
   database?: SqliteDatabase;
   /** Table of current holders; the token counters and wait queue live in `<table>_tokens` and `<table>_waiters`. @default 'leasehold_locks' */
   table?: string;
@@ -235,6 +239,12 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
   let closed = false;
   const run = async <T>(what: string, op: () => T): Promise<T> => {
     if (closed) throw new InvalidArgumentError('backend', 'this sqlite backend was closed');
+    // Inside a transaction the user left open on their connection, our writes would commit or roll
+    // back with it: a rollback takes the token counter back (the next grant repeats the token), or
+    // the tables created on first use.
+    if (db.inTransaction) {
+      throw new InvalidArgumentError('database', `${what}: the connection has an open transaction, which leasehold's writes would join; finish it first or give the backend its own connection (path)`);
+    }
     await init();
     try {
       return await retryBusy(what, op);

@@ -1,14 +1,16 @@
 /**
- * SQLite tokens across a machine restart, through the backend's documented clock seam
+ * The SQLite backend's own edge cases. First: tokens across a machine restart, through the backend's documented clock seam
  * (`clock: { now, epoch }`, the machine's monotonic clock tagged with its boot id). After a
  * reboot the monotonic clock starts again from a smaller value: rows written before it must read
  * as expired (never as far in the future), their lock-delay must not carry over, and the token
  * counter must carry over (I1).
  */
 import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import { afterAll, describe, expect, it } from 'vitest';
 import { MAX_DURATION_MS } from '../../src/core/validate.js';
 import { createLocks } from '../../src/index.js';
+import type { AcquireRequest } from '../../src/core/backend.js';
 import { sqliteBackend } from '../../src/sqlite/index.js';
 import { tempDir } from '../helpers/env.js';
 
@@ -47,5 +49,37 @@ describe('sqlite backend across a machine restart', () => {
     expect(await again.tryAcquire('held', opts)).toBeNull();
     await again.crash();
     await after.crash();
+  });
+});
+
+describe('sqlite backend on a database the user already has', () => {
+  const request = (owner: string): AcquireRequest => ({ key: 'k', owner, mode: 'exclusive', ttlMs: 60_000, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2_000 });
+
+  it("refuses to grant inside the user's open transaction, whose rollback would take the token back (I1, I2)", async () => {
+    const db = new Database(':memory:');
+    const backend = sqliteBackend({ database: db });
+    const first = await backend.acquire(request('a'));
+    expect(first).toMatchObject({ granted: true, token: 1n });
+    await backend.release({ key: 'k', owner: 'a', token: 1n, mode: 'exclusive' });
+    db.exec('BEGIN');
+    await expect(backend.acquire(request('b'))).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'database' });
+    await expect(backend.renew({ key: 'k', owner: 'a', token: 1n, mode: 'exclusive', ttlMs: 1_000 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    db.exec('ROLLBACK');
+    // once the transaction is over, grants go on from where the committed counter was
+    expect(await backend.acquire(request('c'))).toMatchObject({ granted: true, token: 2n });
+    expect(await backend.acquire(request('d'))).toMatchObject({ granted: false });
+    await backend.close();
+    db.close();
+  });
+
+  it("a first use inside the user's open transaction does not create the tables in it", async () => {
+    const db = new Database(':memory:');
+    const backend = sqliteBackend({ database: db });
+    db.exec('BEGIN');
+    await expect(backend.acquire(request('a'))).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'database' });
+    db.exec('ROLLBACK');
+    expect(await backend.acquire(request('a'))).toMatchObject({ granted: true, token: 1n });
+    await backend.close();
+    db.close();
   });
 });
