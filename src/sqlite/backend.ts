@@ -41,8 +41,9 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
   if (o.path !== undefined && (typeof o.path !== 'string' || o.path.length === 0)) {
     throw new InvalidArgumentError('path', `expected a file path, got ${describe(o.path)}`);
   }
-  if (o.database !== undefined && typeof (o.database as SqliteDatabase).prepare !== 'function') {
-    throw new InvalidArgumentError('database', 'expected a better-sqlite3 Database');
+  const database = o.database as SqliteDatabase | null | undefined;
+  if (database !== undefined && (typeof database !== 'object' || database === null || typeof database.prepare !== 'function' || typeof database.transaction !== 'function')) {
+    throw new InvalidArgumentError('database', `expected a better-sqlite3 Database, got ${describe(database)}`);
   }
   const table = checkIdentifier(o.table ?? 'leasehold_locks', 'table');
   const clock = o.clock === undefined ? machineClock() : checkMachineClock(o.clock);

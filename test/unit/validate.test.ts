@@ -92,6 +92,8 @@ describe('factories and constructors refuse bad input with a typed error naming 
     ['sqliteBackend path not a string', () => sqliteBackend({ path: 5 as never }), 'path'],
     ['sqliteBackend path empty', () => sqliteBackend({ path: '' }), 'path'],
     ['sqliteBackend options not an object', () => sqliteBackend('locks.db' as never), 'options'],
+    ['sqliteBackend database null', () => sqliteBackend({ database: null as never }), 'database'],
+    ['sqliteBackend database not a Database', () => sqliteBackend({ database: { prepare: 1 } as never }), 'database'],
     ['memoryBackend sessions not a boolean', () => memoryBackend({ sessions: 'x' as never }), 'options.sessions'],
     ['memoryBackend options not an object', () => memoryBackend(7 as never), 'options'],
     ['createLocks operationTimeoutMs 0', () => createLocks({ backend: memoryBackend(), operationTimeoutMs: 0 }), 'operationTimeoutMs'],
