@@ -70,9 +70,9 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
         return result as R;
       });
       try {
-        // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
         // The table is created in its own step first, so a rollback of the write cannot take it away.
         if (!created && !db.inTransaction) await retryBusy('create fence table', ensure);
+        // IMMEDIATE takes the write lock at BEGIN, so a busy database fails before mutate runs and can be retried.
         return await retryBusy('fence write', () => {
           own = undefined;
           return db.inTransaction ? tx() : tx.immediate();
