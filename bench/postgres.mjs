@@ -8,7 +8,7 @@
 // Measures: uncontended acquire+release per second (one client, one key, sequential); contended
 // hand-off latency (WORKERS clients in this process loop acquire → release on one key; hand-off =
 // from the holder's release call to the next holder's grant); statements (= round trips) per
-// acquire. Prints figures; never fails on them. The URL defaults to LEASEHOLD_TEST_PG_URL, then
+// acquire, the LISTEN connection's included. Prints figures; never fails on them. The URL defaults to LEASEHOLD_TEST_PG_URL, then
 // .test-env.json, then postgres://postgres@127.0.0.1:5432/test. Works in its own schema, dropped at the end.
 import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
@@ -43,16 +43,37 @@ const withSync = (url) => {
   return u.toString();
 };
 
-/** A pg Pool whose statements are counted (each pool.query is one round trip). */
+/**
+ * A pg Pool whose statements are counted (each query is one round trip): those through
+ * pool.query, and those on clients checked out of it — the backend's LISTEN connection is one
+ * (LISTEN when it opens, and any check it makes on it) — also counted apart in `listen` (which
+ * includes the one-off schema set-up, before the measured part).
+ */
 function countingPool(max) {
   const inner = new pg.Pool({ connectionString: withSync(URL_), max });
   inner.on('error', () => {});
-  const counter = { statements: 0 };
+  const counter = { statements: 0, listen: 0 };
   return {
     counter,
     inner,
     pool: {
-      connect: () => inner.connect(),
+      // counted while checked out; release puts the client back as it was (the pool's own
+      // queries on it are counted by pool.query above)
+      connect: async () => {
+        const client = await inner.connect();
+        const { query, release } = client;
+        client.query = (...a) => {
+          counter.statements++;
+          counter.listen++;
+          return query.apply(client, a);
+        };
+        client.release = (...a) => {
+          client.query = query;
+          client.release = release;
+          return release.apply(client, a);
+        };
+        return client;
+      },
       query: (text, values) => {
         counter.statements++;
         return inner.query(text, values);
@@ -68,7 +89,8 @@ const ms = (x) => x.toFixed(2);
 
 async function uncontendedLeasehold() {
   const { pool, counter, inner } = countingPool(2);
-  const backend = postgresBackend({ pool, schema: SCHEMA, listenConnectionString: URL_ });
+  // the LISTEN connection is a client of this pool, so its statements are counted too
+  const backend = postgresBackend({ pool, schema: SCHEMA });
   const locks = new Locks({ backend });
   const key = 'bench:uncontended';
   for (let i = 0; i < 200; i++) await (await locks.acquire(key, { ttlMs: 30_000 })).release();
@@ -138,9 +160,10 @@ async function handOff(workers, acquire, release) {
 async function contendedLeasehold() {
   const key = 'bench:contended';
   const clients = Array.from({ length: WORKERS }, () => {
-    const { pool, counter, inner } = countingPool(2);
-    // each worker is its own client: its own pool and its own LISTEN connection, as separate processes would be
-    const locks = new Locks({ backend: postgresBackend({ pool, schema: SCHEMA, listenConnectionString: URL_ }) });
+    const { pool, counter, inner } = countingPool(3);
+    // each worker is its own client: its own pool and its own LISTEN connection (one client of that
+    // pool, held while it waits, its statements counted), as separate processes would be
+    const locks = new Locks({ backend: postgresBackend({ pool, schema: SCHEMA }) });
     return { locks, counter, inner };
   });
   const result = await handOff(
@@ -149,12 +172,18 @@ async function contendedLeasehold() {
     (_w, lease) => lease.release(),
   );
   const statements = clients.reduce((n, c) => n + c.counter.statements, 0);
+  const listenStatements = clients.reduce((n, c) => n + c.counter.listen, 0);
   for (const c of clients) {
     await c.locks.close();
     await c.inner.end();
   }
   // each grant is followed by one release statement; the rest are acquire attempts, subscription checks and queue exits
-  return { ...result, statementsPerGrant: statements / result.grants, acquireStatementsPerGrant: (statements - result.grants) / result.grants };
+  return {
+    ...result,
+    statementsPerGrant: statements / result.grants,
+    acquireStatementsPerGrant: (statements - result.grants) / result.grants,
+    listenStatementsPerGrant: listenStatements / result.grants,
+  };
 }
 
 async function contendedAdvisory() {
@@ -172,7 +201,7 @@ async function contendedAdvisory() {
     (w) => clients[w].query('SELECT pg_advisory_unlock(hashtext($1))', [key]),
   );
   for (const c of clients) await c.end();
-  return { ...result, statementsPerGrant: 2, acquireStatementsPerGrant: 1 };
+  return { ...result, statementsPerGrant: 2, acquireStatementsPerGrant: 1, listenStatementsPerGrant: 0 };
 }
 
 // ---------- main ----------
@@ -205,6 +234,7 @@ try {
     [`contended hand-off p99 ms (${WORKERS} workers)`, ms(cL.p99), ms(cA.p99)],
     ['contended grants /s', cL.perSecond.toFixed(0), cA.perSecond.toFixed(0)],
     ['statements per contended acquire (excl. release)', cL.acquireStatementsPerGrant.toFixed(2), cA.acquireStatementsPerGrant.toFixed(2)],
+    ['… of which on the LISTEN connection', cL.listenStatementsPerGrant.toFixed(2), cA.listenStatementsPerGrant.toFixed(2)],
     ['overlapping holders seen', String(cL.overlaps), String(cA.overlaps)],
   ];
   const width = Math.max(...rows.map((r) => r[0].length));

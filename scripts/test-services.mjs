@@ -10,7 +10,7 @@
 //   etcd binary (tests start their own members on their own ports)
 //   pgbouncer binary (tests start their own, in transaction mode, in front of PostgreSQL)
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -31,14 +31,31 @@ function sh(cmd, args, opts = {}) {
 
 const canApt = process.getuid?.() === 0 && !!which('apt-get');
 let aptUpdated = false;
-function aptInstall(...packages) {
+/** policy-rc.d answering 101 ("not allowed"): invoke-rc.d and deb-systemd-invoke then start no service. */
+const POLICY_RC_D = '/usr/sbin/policy-rc.d';
+/**
+ * apt-get install. `noServices`: for packages whose binary the tests run themselves (etcd,
+ * pgbouncer), the system service their postinst would start (etcd on 2379, pgbouncer on 6432) is
+ * kept from starting by a policy-rc.d that exists only for the install (one already there is left
+ * alone), and under systemd also disabled, so nothing of theirs runs.
+ */
+function aptInstall(packages, { noServices = false, units = [] } = {}) {
   if (!canApt) return false;
   const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
   if (!aptUpdated) {
     sh('apt-get', ['update', '-q'], { env });
     aptUpdated = true;
   }
-  return sh('apt-get', ['install', '-y', '-q', '--no-install-recommends', ...packages], { env });
+  const ownPolicy = noServices && !existsSync(POLICY_RC_D);
+  if (ownPolicy) writeFileSync(POLICY_RC_D, '#!/bin/sh\nexit 101\n', { mode: 0o755 });
+  try {
+    return sh('apt-get', ['install', '-y', '-q', '--no-install-recommends', ...packages], { env });
+  } finally {
+    if (ownPolicy) rmSync(POLICY_RC_D, { force: true });
+    if (noServices && existsSync('/run/systemd/system') && which('systemctl')) {
+      for (const unit of units) spawnSync('systemctl', ['disable', '--now', unit], { stdio: 'ignore' });
+    }
+  }
 }
 
 function fail(line) {
@@ -69,7 +86,7 @@ async function findPostgres() {
   let url = await probe();
   if (url) return url;
   if (explicit) fail(`PostgreSQL at LEASEHOLD_TEST_PG_URL (${explicit}) is not reachable`);
-  if (!which('pg_ctlcluster') && !aptInstall('postgresql')) {
+  if (!which('pg_ctlcluster') && !aptInstall(['postgresql'])) {
     fail('PostgreSQL is needed: install it (apt-get install postgresql) or set LEASEHOLD_TEST_PG_URL');
   }
   // Start every installed cluster that is down.
@@ -110,7 +127,7 @@ async function findRedis() {
   const explicit = process.env.LEASEHOLD_TEST_REDIS_URL;
   let bin = which('redis-server');
   if (!bin) {
-    if (!aptInstall('redis-server')) fail('Redis is needed: install it (apt-get install redis-server)');
+    if (!aptInstall(['redis-server'])) fail('Redis is needed: install it (apt-get install redis-server)');
     bin = which('redis-server');
     if (!bin) fail('redis-server is still missing after apt-get install redis-server');
   }
@@ -131,10 +148,9 @@ async function findRedis() {
 function findEtcd() {
   let bin = process.env.LEASEHOLD_TEST_ETCD ?? which('etcd');
   if (!bin) {
-    if (!aptInstall('etcd-server')) fail('etcd is needed: install it (apt-get install etcd-server)');
+    if (!aptInstall(['etcd-server'], { noServices: true, units: ['etcd.service'] })) fail('etcd is needed: install it (apt-get install etcd-server)');
     bin = which('etcd');
     if (!bin) fail('etcd is still missing after apt-get install etcd-server');
-    // The package may start a system etcd on the standard ports; the tests use their own ports, so it does no harm.
   }
   try {
     execFileSync(bin, ['--version'], { stdio: 'ignore' });
@@ -147,9 +163,8 @@ function findEtcd() {
 function findPgbouncer() {
   let bin = process.env.LEASEHOLD_TEST_PGBOUNCER ?? which('pgbouncer') ?? (existsSync('/usr/sbin/pgbouncer') ? '/usr/sbin/pgbouncer' : undefined);
   if (!bin) {
-    if (!aptInstall('pgbouncer')) fail('PgBouncer is needed: install it (apt-get install pgbouncer)');
+    if (!aptInstall(['pgbouncer'], { noServices: true, units: ['pgbouncer.service', 'pgbouncer.socket'] })) fail('PgBouncer is needed: install it (apt-get install pgbouncer)');
     bin = which('pgbouncer') ?? '/usr/sbin/pgbouncer';
-    // The package may start a system pgbouncer on 6432; the tests use their own ports, so it does no harm.
   }
   if (!existsSync(bin)) fail(`pgbouncer not found at ${bin}; install it (apt-get install pgbouncer) or set LEASEHOLD_TEST_PGBOUNCER`);
   return bin;

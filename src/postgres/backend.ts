@@ -40,6 +40,8 @@ const QUERY_TIMEOUT_MS = 10_000;
 /** Idle connections of our own pool are closed after this long. */
 const IDLE_TIMEOUT_MS = 10_000;
 const DEFAULT_POOL_SIZE = 10;
+/** application_name of the LISTEN connection (unless the connection string names one): the pool's connections are 'leasehold'. */
+const LISTEN_APPLICATION_NAME = 'leasehold-listen';
 /** Server errors that mean "this key cannot be stored" (a database whose encoding lacks its characters), not an outage. */
 const UNSTORABLE = new Set(['22021', '22P05']);
 
@@ -145,7 +147,8 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
         connect: async () => {
           const target = (o.listenConnectionString as string | undefined) ?? (o.connectionString as string | undefined);
           if (target !== undefined) {
-            const client = new pg.Client(clientConfig(target));
+            // named apart from the pool's connections, so operators can tell it in pg_stat_activity
+            const client = new pg.Client({ ...clientConfig(target), fallback_application_name: LISTEN_APPLICATION_NAME });
             client.on('error', () => {}); // until the listener attaches its own handler
             try {
               await client.connect();

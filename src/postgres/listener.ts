@@ -2,6 +2,8 @@ import { quotePg } from './util.js';
 
 /** One connection that can LISTEN: a dedicated pg `Client`, or a client checked out of a pool and never returned. */
 export interface ListenConnection {
+  /** The server process id from the connection's BackendKeyData (pg's `Client#processID`); a pooler sends one of its own. */
+  readonly processID?: number | null;
   query(text: string): Promise<unknown>;
   on(event: 'notification', listener: (message: { channel: string; payload?: string }) => void): unknown;
   on(event: 'error', listener: (error: Error) => void): unknown;
@@ -53,6 +55,12 @@ export class Listener {
   /** Server process that executed LISTEN; a different one answering later means a transaction pooler sits in between. */
   #listenPid: number | undefined;
   #verifying = false;
+  /**
+   * The LISTEN connection is a session of PostgreSQL itself: the process that ran LISTEN is the one
+   * named in the connection's BackendKeyData. A transaction pooler hands out keys of its own (it
+   * cannot give a multiplexed client one server's key), so then no check is needed on later adds.
+   */
+  #direct = false;
   /** Set once LISTEN was seen not to stick (PgBouncer in transaction mode): from then on `add` rejects and core polls. */
   #pooled = false;
 
@@ -138,6 +146,7 @@ export class Listener {
       // One simple query, so a pooler runs both on the same server connection.
       const results = await connection.query(`LISTEN ${quotePg(this.#options.channel)}; SELECT pg_backend_pid() AS pid`);
       this.#listenPid = backendPid(results);
+      this.#direct = this.#listenPid !== undefined && connection.processID === this.#listenPid;
     } catch (error) {
       failed = true;
       await this.#drop(connection, true);
@@ -158,11 +167,12 @@ export class Listener {
    * LISTEN stays on whichever server connection ran it, and notifications are lost: as soon as
    * another process answers, stop listening (subscribers re-check, later waits poll with backoff,
    * which beats waiting for the fallback poll). A heuristic: an idle pooler may keep handing out
-   * the same server connection, and then waiters rely on core's fallback poll.
+   * the same server connection, and then waiters rely on core's fallback poll. Skipped on a
+   * connection known to be direct (see #direct): there the answer cannot change.
    */
   #verify(): void {
     const connection = this.#connection;
-    if (this.#verifying || !connection || this.#listenPid === undefined) return;
+    if (this.#direct || this.#verifying || !connection || this.#listenPid === undefined) return;
     this.#verifying = true;
     connection
       .query('SELECT pg_backend_pid() AS pid')

@@ -1,6 +1,6 @@
 /**
  * The command line against etcd: `leasehold run --url etcd://…` (real processes, an etcd member of
- * the test's own) and `leasehold ls --url etcd://…`. Needs dist/ (`npm run build`; `npm test` builds first).
+ * the test's own), `leasehold ls --url etcd://…` and `leasehold demo --url etcd://…`. Needs dist/ (`npm run build`; `npm test` builds first).
  */
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -62,4 +62,17 @@ describe('leasehold CLI with --url etcd://', () => {
     const r = await leasehold(['run', uniqueName('cli-code'), '--url', url, '--', process.execPath, '-e', 'process.exit(3)']).done;
     expect(r.code).toBe(3);
   });
+
+  it('demo: the fence refuses the frozen worker, and the timeline shows the ttl etcd rounded up to', async () => {
+    // The member runs etcd's default timings (election 1000 ms), so its minimum lease is 2 s: --ttl 1s becomes 2 s.
+    const r = await leasehold(['demo', '--ttl', '1s', '--pause', '1.2s', '--url', url]).done;
+    expect(r.stderr).toBe('');
+    expect(r.code).toBe(0);
+    expect(r.stdout).toMatch(/verdict: LOST UPDATE/);
+    expect(r.stdout).toMatch(/REFUSED: StaleTokenError/);
+    expect(r.stdout).toMatch(/verdict: SAFE/);
+    expect(r.stdout).toMatch(/A\s+acquired doc:42:recompute: token \d+, ttl 2s /);
+    // both runs (unfenced, fenced) print the effective ttl on the SIGSTOP line, not the --ttl asked for
+    expect(r.stdout.match(/SIGSTOP A: frozen for 1\.2s between its check and its write \(ttl 2s, the coordinator's rounding of --ttl 1s\)/g)).toHaveLength(2);
+  }, 120_000);
 });

@@ -1,6 +1,8 @@
 /**
  * A PgBouncer in transaction mode in front of the test PostgreSQL, started by the test on a free
  * port (as the `postgres` OS user: PgBouncer refuses to run as root) and stopped in cleanup.
+ * It runs in a process group of its own (with `runuser` in front when we are root), so a stop kills
+ * pgbouncer itself and not only `runuser`; `stop()` resolves once the pgbouncer process is gone.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { chmodSync, readFileSync, writeFileSync } from 'node:fs';
@@ -21,9 +23,67 @@ async function freePort(): Promise<number> {
   });
 }
 
+/** Process groups started here, killed when this process exits if a test did not stop them. */
+const live = new Set<number>();
+process.once('exit', () => {
+  for (const group of live) signalGroup(group, 'SIGKILL');
+});
+
+function signalGroup(group: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-group, signal);
+  } catch {
+    // the group is gone
+  }
+}
+
+/** Whether a process runs (a zombie, exited but not reaped yet, counts as gone). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+  // a zombie (exited, not reaped yet) is gone for our purposes
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).charAt(0) !== 'Z';
+  } catch {
+    return true; // no /proc: trust kill(0)
+  }
+}
+
+async function waitGone(pid: number, timeoutMs: number): Promise<boolean> {
+  const end = Date.now() + timeoutMs;
+  while (alive(pid)) {
+    if (Date.now() > end) return false;
+    await sleep(20);
+  }
+  return true;
+}
+
+/** SIGTERM to the whole group, SIGKILL after 5 s; resolves once `pid` (pgbouncer) and the group leader are gone. */
+async function stopGroup(child: ChildProcess, pid: number): Promise<void> {
+  const group = child.pid;
+  if (group === undefined) return;
+  signalGroup(group, 'SIGTERM');
+  if (!(await waitGone(pid, 5_000))) {
+    signalGroup(group, 'SIGKILL');
+    if (!(await waitGone(pid, 10_000))) throw new Error(`pgbouncer (pid ${pid}) is still running after SIGKILL`);
+  }
+  if (child.exitCode === null && child.signalCode === null) {
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    signalGroup(group, 'SIGKILL'); // runuser, if it lingers
+    await Promise.race([exited, sleep(5_000)]);
+  }
+  live.delete(group);
+}
+
 export interface Bouncer {
   /** Connection string that goes through PgBouncer (transaction pooling). */
   url: string;
+  /** The pgbouncer process itself (from its pidfile). */
+  pid: number;
   stop(): Promise<void>;
 }
 
@@ -36,6 +96,7 @@ export async function startBouncer(): Promise<Bouncer> {
   const dir = tempDir('leasehold-pgbouncer-');
   chmodSync(dir.path, 0o777);
   const listen = await freePort();
+  const pidfile = join(dir.path, 'pgbouncer.pid');
   writeFileSync(join(dir.path, 'userlist.txt'), `"${user}" ""\n`);
   writeFileSync(
     join(dir.path, 'pgbouncer.ini'),
@@ -53,13 +114,25 @@ export async function startBouncer(): Promise<Bouncer> {
       'default_pool_size = 20',
       'ignore_startup_parameters = extra_float_digits,options',
       `logfile = ${join(dir.path, 'pgbouncer.log')}`,
+      `pidfile = ${pidfile}`,
       '',
     ].join('\n'),
   );
   const asRoot = process.getuid?.() === 0;
+  // detached: a process group of its own, so one kill(-group) reaches pgbouncer behind runuser
   const child: ChildProcess = asRoot
-    ? spawn('runuser', ['-u', 'postgres', '--', PGBOUNCER, join(dir.path, 'pgbouncer.ini')], { stdio: 'ignore' })
-    : spawn(PGBOUNCER, [join(dir.path, 'pgbouncer.ini')], { stdio: 'ignore' });
+    ? spawn('runuser', ['-u', 'postgres', '--', PGBOUNCER, join(dir.path, 'pgbouncer.ini')], { stdio: 'ignore', detached: true })
+    : spawn(PGBOUNCER, [join(dir.path, 'pgbouncer.ini')], { stdio: 'ignore', detached: true });
+  if (child.pid !== undefined) live.add(child.pid);
+  const pidOf = (): number => {
+    try {
+      const pid = Number(readFileSync(pidfile, 'utf8').trim());
+      if (Number.isSafeInteger(pid) && pid > 0) return pid;
+    } catch {
+      // not written (yet)
+    }
+    return child.pid ?? 0;
+  };
   const url = `postgres://${encodeURIComponent(user)}@127.0.0.1:${listen}/${db}`;
   for (let i = 0; ; i++) {
     const up = await new Promise<boolean>((resolve) => {
@@ -77,23 +150,25 @@ export async function startBouncer(): Promise<Bouncer> {
       } catch {
         // no log written
       }
-      child.kill('SIGKILL');
+      await stopGroup(child, pidOf()).catch(() => {});
       dir.cleanup();
       throw new Error(`pgbouncer did not start on ${listen}: ${log.slice(-500)}`);
     }
     await sleep(50);
   }
+  // pgbouncer writes its pidfile before it listens
+  const pid = pidOf();
+  let stopped: Promise<void> | undefined;
   return {
     url,
-    stop: async () => {
-      if (child.exitCode === null) {
-        const exited = new Promise((resolve) => child.once('exit', resolve));
-        // runuser forwards SIGTERM to pgbouncer, which then shuts down
-        child.kill('SIGTERM');
-        await Promise.race([exited, sleep(5_000)]);
-        if (child.exitCode === null) child.kill('SIGKILL');
-      }
-      dir.cleanup();
-    },
+    pid,
+    stop: () =>
+      (stopped ??= (async () => {
+        try {
+          await stopGroup(child, pid);
+        } finally {
+          dir.cleanup();
+        }
+      })()),
   };
 }

@@ -1,14 +1,19 @@
 /**
  * Behind PgBouncer in transaction mode: the PostgreSQL backend and fence pass their conformance
- * suites, with waiters woken over a direct LISTEN connection, and with no LISTEN at all (the
- * backend detects the pooler, or is told `listen: false`, and waiters poll).
+ * suites, with waiters woken over a direct LISTEN connection, and with no LISTEN at all
+ * (`listen: false`: waiters poll). The default set-up (LISTEN through the pooler itself, where
+ * notifications are unreliable) still serves every waiter after a release. The fixture's stop
+ * leaves no pgbouncer process behind.
  */
+import net from 'node:net';
 import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLocks, type Lease } from '../../src/index.js';
 import { postgresBackend, postgresFence, type PgClient } from '../../src/postgres/index.js';
 import { backendConformance } from '../conformance/backend.js';
 import { fenceConformance } from '../conformance/fence.js';
-import { PG_URL, uniqueName } from '../helpers/env.js';
-import { startBouncer } from './bouncer.js';
+import { eventually, PG_URL, uniqueName } from '../helpers/env.js';
+import { alive, startBouncer, type Bouncer } from './bouncer.js';
 
 async function dropSchema(schema: string): Promise<void> {
   const admin = new pg.Client({ connectionString: PG_URL });
@@ -74,4 +79,69 @@ fenceConformance<PgClient>('postgres behind pgbouncer (transaction mode)', async
       await dropSchema(schema);
     },
   };
+});
+
+describe('postgres behind pgbouncer, default set-up (LISTEN through the pooler)', () => {
+  let bouncer: Bouncer;
+  const schema = uniqueName('lh_bdefault');
+  beforeAll(async () => {
+    bouncer = await startBouncer();
+  });
+  afterAll(async () => {
+    await bouncer?.stop();
+    await dropSchema(schema);
+  });
+
+  it('serves every waiter after each release, whether or not a notification gets through', async () => {
+    // listen left on and no listenConnectionString: LISTEN runs on whichever server connection
+    // the pooler picks, so wake-ups may be lost; the waiter must still get the key (the backend
+    // stops listening once it sees the pooler, and core re-checks every 500 ms in any case).
+    const locks = createLocks({ backend: postgresBackend({ connectionString: bouncer.url, schema, poolSize: 4 }) });
+    const failed: unknown[] = [];
+    locks.on('acquireFailed', (e) => failed.push(e.error));
+    try {
+      const key = uniqueName('bouncer-wait');
+      let last = 0n;
+      for (let round = 0; round < 4; round++) {
+        const holder = await locks.acquire(key, { ttlMs: 30_000 });
+        expect(holder.token).toBeGreaterThan(last);
+        // a generous bound: only a waiter that is never served runs into it
+        const waiters = [0, 1].map(() => locks.acquire(key, { ttlMs: 30_000, waitMs: 20_000 }));
+        expect(await eventually(async () => (await locks.inspect(key))[0]?.waiters === 2, 10_000, 20)).toBe(true);
+        await holder.release();
+        // arrival order is not pinned here (both were queued before the release); each is served in turn
+        const first: Lease = await Promise.race(waiters);
+        expect(first.token).toBeGreaterThan(holder.token);
+        await first.release();
+        const [a, b] = await Promise.all(waiters);
+        const second = a === first ? b! : a!;
+        expect(second.token).toBeGreaterThan(first.token);
+        await second.release();
+        last = second.token;
+      }
+      expect(failed).toEqual([]);
+    } finally {
+      await locks.close();
+    }
+  }, 120_000);
+});
+
+describe('the pgbouncer fixture', () => {
+  it('stop() kills pgbouncer itself, even one that does not act on SIGTERM, and resolves once it is gone', async () => {
+    const bouncer = await startBouncer();
+    const port = Number(new URL(bouncer.url).port);
+    expect(alive(bouncer.pid)).toBe(true);
+    // frozen, it cannot act on SIGTERM: stop() must fall back to SIGKILL on pgbouncer, not only on runuser
+    process.kill(bouncer.pid, 'SIGSTOP');
+    await bouncer.stop();
+    expect(alive(bouncer.pid)).toBe(false);
+    const refused = await new Promise<boolean>((resolve) => {
+      const s = net.connect(port, '127.0.0.1', () => {
+        s.destroy();
+        resolve(false);
+      });
+      s.on('error', () => resolve(true));
+    });
+    expect(refused).toBe(true);
+  }, 60_000);
 });

@@ -296,3 +296,68 @@ describe('postgres backend', () => {
     await expect(backend.acquire(request('closing', 'o'))).rejects.toBeInstanceOf(InvalidArgumentError);
   });
 });
+
+describe('postgres LISTEN connection on the real server', () => {
+  /** Server pids of the LISTEN connections for `schema` (application_name leasehold-listen; the channel names the schema). */
+  async function listenPids(schema: string): Promise<number[]> {
+    const { rows } = await admin.query(
+      `SELECT pid FROM pg_stat_activity WHERE application_name = 'leasehold-listen' AND query LIKE 'LISTEN %' AND strpos(query, $1) > 0`,
+      [schema],
+    );
+    return rows.map((r) => r.pid as number);
+  }
+
+  it('is named leasehold-listen, and a direct one is checked once, not on every subscribe', async () => {
+    const schema = freshSchema();
+    const backend = track(postgresBackend({ connectionString: PG_URL, schema }));
+    const offs: (() => void)[] = [];
+    for (let i = 0; i < 5; i++) offs.push(await backend.subscribe!(`direct-${i}`, () => {}));
+    // a pooler check on each subscribe would make `SELECT pg_backend_pid() AS pid` the connection's
+    // last statement, and the LISTEN naming our schema would no longer show
+    const { rows } = await admin.query(
+      `SELECT query, state FROM pg_stat_activity WHERE application_name = 'leasehold-listen' AND strpos(query, $1) > 0`,
+      [schema],
+    );
+    expect(rows, 'the LISTEN connection\'s last statement is still its LISTEN').toHaveLength(1);
+    expect(rows[0].query).toMatch(/^LISTEN "[^"]+"; SELECT pg_backend_pid\(\) AS pid$/);
+    for (const off of offs) off();
+  });
+
+  it('terminated by the server while someone waits: it reconnects, and the waiter is granted after the release', async () => {
+    const schema = freshSchema();
+    const a = track(new Locks({ backend: track(postgresBackend({ connectionString: PG_URL, schema })) }));
+    const b = track(new Locks({ backend: track(postgresBackend({ connectionString: PG_URL, schema })) }));
+    const held = await a.acquire('listen-lost', { ttlMs: 30_000 });
+    const waiting = b.acquire('listen-lost', { ttlMs: 30_000, waitMs: 30_000 });
+    let before: number[] = [];
+    expect(await eventually(async () => (before = await listenPids(schema)).length === 1, 10_000, 20)).toBe(true);
+    const { rows } = await admin.query('SELECT pg_terminate_backend($1) AS done', [before[0]]);
+    expect(rows[0].done).toBe(true);
+    let after: number[] = [];
+    expect(await eventually(async () => (after = await listenPids(schema)).length === 1 && after[0] !== before[0], 15_000, 50)).toBe(true);
+    await held.release();
+    // a generous bound: only a waiter that is never served runs into it
+    expect((await waiting).token).toBeGreaterThan(held.token);
+  });
+
+  it('after a reconnection, notifications arrive on the new connection (and every subscriber was woken once)', async () => {
+    const schema = freshSchema();
+    const a = track(postgresBackend({ connectionString: PG_URL, schema }));
+    const b = track(postgresBackend({ connectionString: PG_URL, schema }));
+    const grant = await a.acquire(request('relisten', 'holder'));
+    if (!grant.granted) throw new Error('expected a grant');
+    let woken = 0;
+    const off = await b.subscribe!('relisten', () => woken++);
+    const [old] = await listenPids(schema);
+    expect(old).toBeDefined();
+    await admin.query('SELECT pg_terminate_backend($1)', [old]);
+    // nothing can be known about the time it was down: the reconnected listener wakes its subscribers
+    expect(await eventually(() => woken === 1, 15_000, 20)).toBe(true);
+    const now = await listenPids(schema);
+    expect(now).toHaveLength(1);
+    expect(now[0]).not.toBe(old);
+    await a.release({ key: 'relisten', owner: 'holder', token: grant.token, mode: 'exclusive' });
+    expect(await eventually(() => woken === 2, 10_000)).toBe(true);
+    off();
+  });
+});

@@ -3,11 +3,12 @@
 import { EventEmitter } from 'node:events';
 import { describe, expect, it } from 'vitest';
 import { Listener, type ListenConnection } from '../../src/postgres/listener.js';
-import { eventually } from '../helpers/env.js';
+import { eventually, sleep } from '../helpers/env.js';
 
 class ScriptedConnection extends EventEmitter {
   readonly queries: string[] = [];
-  constructor(private readonly pids: number[]) {
+  /** `processID`: the pid of the connection's BackendKeyData (a direct connection's equals the server's answer). */
+  constructor(private readonly pids: number[], readonly processID?: number) {
     super();
   }
   async query(text: string): Promise<unknown> {
@@ -80,5 +81,23 @@ describe('postgres LISTEN connection', () => {
     expect(woken).toBe(2);
     await expect(listener.add('k', () => {})).rejects.toThrow(/listenConnectionString/);
     await listener.close();
+  });
+
+  it('a connection whose BackendKeyData names the process that ran LISTEN is direct: no pooler check on later adds', async () => {
+    const direct = new ScriptedConnection([7], 7);
+    const { listener } = listenerOver([direct]);
+    for (let i = 0; i < 5; i++) await listener.add(`k${i}`, () => {});
+    await sleep(20);
+    expect(direct.queries).toHaveLength(1); // the LISTEN alone
+    await listener.close();
+
+    // a pooler's own key (PgBouncer sends one): every add still checks, and the pooler is caught
+    const pooled = new ScriptedConnection([7, 7, 9], 123_456_789);
+    const other = listenerOver([pooled]);
+    await other.listener.add('k', () => {});
+    expect(await eventually(() => pooled.queries.length === 2, 1_000)).toBe(true);
+    await other.listener.add('k', () => {});
+    expect(await eventually(() => other.disposed.includes(pooled), 1_000)).toBe(true);
+    await other.listener.close();
   });
 });
