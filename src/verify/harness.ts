@@ -109,13 +109,6 @@ function plan(o: VerifyOptions, usage: string): Plan {
   if (o.durationMs < VERIFY_LIMITS.minDurationMs) throw usageError(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`, usage);
   if (o.durationMs < 2 * o.ttlMs) throw usageError(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`, usage);
   if (o.workMs !== undefined && o.workMs >= o.ttlMs) throw usageError(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`, usage);
-  if (o.reportDir !== undefined) {
-    try {
-      mkdirSync(resolve(o.reportDir), { recursive: true });
-    } catch (error) {
-      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
-    }
-  }
   const coordinator = coordinatorKind(o.url, usage);
   const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
   if (!STORE_KINDS.includes(fence)) throw usageError(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`, usage);
@@ -129,6 +122,14 @@ function plan(o: VerifyOptions, usage: string): Plan {
     fenceUrl = coordinator.local ? undefined : o.url;
   } else {
     throw usageError(`--fence ${fence} needs --fence-url (a ${fence} server for the resource): the coordinator is not ${fence}`, usage);
+  }
+  // Last: a run refused for another bad argument leaves no directory behind.
+  if (o.reportDir !== undefined) {
+    try {
+      mkdirSync(resolve(o.reportDir), { recursive: true });
+    } catch (error) {
+      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
+    }
   }
   return { coordinator, fence, fenceUrl };
 }

@@ -2,7 +2,7 @@
 // apply, delay and crash do not): passes with the fence, the --no-fence control fails with the
 // violations named, the same seed gives the same schedule, the report is written, bad arguments
 // exit 64. Short runs with a small ttl; the assertions never depend on the machine's speed.
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, runCli, sandbox, type Sandbox } from '../cli/helpers.js';
@@ -91,6 +91,11 @@ describe('leasehold verify on SQLite', () => {
       [['--url', 'local:mysql'], /local:mysql is not one verify can start/],
       [['--url', 'ftp://x'], /unsupported scheme/],
       [['--url', 'local:sqlite', '--workers', '0'], /--workers.*expected an integer from 1/],
+      [['--url', 'local:sqlite', '--workers', '65'], /--workers.*expected an integer from 1 to 64, got "65"/],
+      [['--url', 'local:sqlite', '--no-fence', '--fence', 'sqlite'], /--no-fence and --fence do not go together/],
+      [['--url', 'local:sqlite', '--fence', 'sqlite', '--no-fence'], /--no-fence and --fence do not go together/],
+      [['--url', 'ftp://x', '--report', join(sb.dir, 'not-made')], /unsupported scheme/],
+      [['--url', 'local:sqlite', '--ttl', '50ms', '--report', join(sb.dir, 'not-made')], /--ttl must be at least 100ms/],
       [['--url', 'local:sqlite', '--ttl', '50ms'], /--ttl must be at least 100ms/],
       [['--url', 'local:sqlite', '--ttl', '1s', '--duration', '1.5s'], /--duration \(1\.5s\) must be at least twice --ttl/],
       [['--url', 'local:sqlite', '--nemesis', 'pause,flood'], /--nemesis.*expected a comma-separated list of pause, delay, crash, clock/],
@@ -110,6 +115,8 @@ describe('leasehold verify on SQLite', () => {
       expect(r.errLines.at(-1), args.join(' ')).toMatch(/^usage: leasehold verify --url URL/);
       expect(r.stdout).toBe('');
     }
+    // A run refused for a bad argument creates no --report directory.
+    expect(existsSync(join(sb.dir, 'not-made'))).toBe(false);
     expect(NEMESES).toHaveLength(4);
   }, 120_000);
 });
