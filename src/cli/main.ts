@@ -169,12 +169,12 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       'Runs --workers real processes that loop acquire -> work -> write -> release on one key of the coordinator at --url, ' +
         'each write a read-modify-write of a counter plus a log row, through the fence. Meanwhile the nemesis freezes lease holders ' +
         '(pause: SIGSTOP past the ttl), holds their requests in a TCP proxy past their lease (delay), kills and restarts the coordinator ' +
-        '(crash: only one verify started, --url local:redis|local:postgres|local:etcd) and skews their clocks (clock), on a schedule ' +
+        '(crash: only one verify started, --url local:redis|local:postgres|local:etcd|local:redlock) and skews their clocks (clock), on a schedule ' +
         'fixed by --seed. Then it checks the history: tokens unique and increasing, accepted tokens never decrease, no lost update, ' +
         'loss signalled in time (I6). --no-fence is the control run: it must fail.\n\n' +
         'Exits 0 when every check passed, 1 when one failed, 69 when the coordinator or the store cannot be reached, 64 for bad arguments.',
     )
-    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, or local:redis|local:postgres|local:etcd|local:sqlite (started by verify)'))
+    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)'))
     .addOption(new Option('--fence <kind>', 'where the protected resource lives (default: the coordinator\'s kind when it has a fence, else sqlite)').choices([...STORE_KINDS]))
     .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
     .addOption(new Option('--fence-url <url>', 'the server of the resource for --fence postgres|redis (default: the coordinator\'s URL when it is of that kind)'))

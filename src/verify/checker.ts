@@ -82,7 +82,7 @@ export interface CheckInput {
   final: FinalState;
   fenced: boolean;
   driftFactor: number;
-  /** Does the coordinator keep its state across a crash? (local:redis without persistence: no.) */
+  /** Does the coordinator keep its state across a crash? (local:redis and local:redlock, without persistence: no.) */
   coordinatorDurable: boolean;
 }
 

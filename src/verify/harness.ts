@@ -34,7 +34,7 @@ import { describeSchedule, NEMESES, planSchedule, type NemesisKind } from './sch
 import { openAdminStore, STORE_KINDS, type AdminStore, type FinalState, type StoreConfig, type StoreKind } from './store.js';
 
 export interface VerifyOptions {
-  /** The coordinator: a backend URL, or `local:redis|postgres|etcd|sqlite` for one verify starts (and can crash). */
+  /** The coordinator: a backend URL, or `local:redis|postgres|etcd|redlock|sqlite` for one verify starts (and can crash). */
   url: string;
   /** Where the protected resource lives. @default the coordinator's technology when it has a fence (sqlite, postgres, redis), else sqlite */
   fence?: StoreKind | undefined;
@@ -300,7 +300,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     const storeTcp = p.fence === 'sqlite' ? [] : tcpEndpoints(storeLocation);
     const notApplicable = (kind: NemesisKind): string | undefined => {
       if (kind === 'crash' && !coordinator?.crashable) {
-        return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd';
+        return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock';
       }
       if (kind === 'delay' && coordinatorTcp.length + storeTcp.length === 0) {
         return p.coordinator.tech === 'sqlite' && p.fence === 'sqlite'

@@ -35,7 +35,7 @@ describe('leasehold verify on Redis', () => {
     expectPass(r, sb);
     expect(r.stdout).toMatch(/resource {5}redis: redis:\/\/127\.0\.0\.1:\d+; writes through the fence \(redisFence\)/);
     expect(faultCount(r, 'crash')).toBe('n/a');
-    expect(r.faults).toContain('crash n/a (verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd)');
+    expect(r.faults).toContain('crash n/a (verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock)');
     expect(faultCount(r, 'pause')).toBeGreaterThanOrEqual(1);
     expect(faultCount(r, 'delay')).toBeGreaterThanOrEqual(1);
     const client = new Redis(REDIS_URL);
