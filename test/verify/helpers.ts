@@ -154,12 +154,19 @@ export function i6Summary(tail: Record<string, unknown>[]): string {
 }
 
 /**
- * Does the schedule have a delay of at least 1.8 ttl with no crash within a ttl of it and no pause
- * planned just before or during its first 1.3 ttl? Such a delay forces a refusal: the holder's
- * lease expires after 1 ttl, the next holder writes at about 1.2 ttl, and the held write arrives
- * after 1.8 ttl (a crash could drop its connection; a pause could freeze the next holder).
+ * Faults of a schedule whose effect is forced, not left to chance (each judged against the crashes
+ * and pauses planned near it):
+ * - `delay`: one of at least 1.8 ttl, with no crash within a ttl of it (a crash drops the held
+ *   connection) and no pause planned from 3 ttl before it to 1.3 ttl into it (the pause could
+ *   freeze the next holder). The holder's lease expires after 1 ttl, the next holder writes at about
+ *   1.2 ttl, the held write arrives after 1.8 ttl: the fence must refuse it.
+ * - `pause`: one with no crash within a ttl of it: the lease runs out during the freeze (2–3.5 ttl),
+ *   another worker takes the key at about 1 ttl, and the frozen one learns it only after SIGCONT.
  */
-export function hasQuietDelay(faults: readonly PlannedFault[], ttlMs: number): boolean {
+export function forcedEffects(faults: readonly PlannedFault[], ttlMs: number): { delay: boolean; pause: boolean } {
   const near = (kind: string, from: number, to: number): boolean => faults.some((f) => f.kind === kind && f.at < to && f.at + (kind === 'crash' ? f.durationMs + ttlMs : 0) > from);
-  return faults.some((d) => d.kind === 'delay' && d.durationMs >= 1.8 * ttlMs && !near('crash', d.at - ttlMs, d.at + d.durationMs + ttlMs) && !near('pause', d.at - 3 * ttlMs, d.at + 1.3 * ttlMs));
+  return {
+    delay: faults.some((d) => d.kind === 'delay' && d.durationMs >= 1.8 * ttlMs && !near('crash', d.at - ttlMs, d.at + d.durationMs + ttlMs) && !near('pause', d.at - 3 * ttlMs, d.at + 1.3 * ttlMs)),
+    pause: faults.some((p) => p.kind === 'pause' && !near('crash', p.at - ttlMs, p.at + p.durationMs + ttlMs)),
+  };
 }
