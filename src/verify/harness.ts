@@ -26,7 +26,7 @@ import { check } from './checker.js';
 import { tcpEndpoints, viaPorts } from './endpoints.js';
 import { LOCAL_KINDS, LocalServerError, startLocal, type LocalKind, type LocalServer } from './local.js';
 import { Nemesis, type Target } from './nemesis.js';
-import { runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
+import { MUTANT_ENV, MUTANTS, runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
 import { formatSummary, writeReport } from './report.js';
@@ -333,6 +333,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       };
     };
 
+    const mutant = process.env[MUTANT_ENV] || undefined;
     const coordinatorText = coordinator ? `${o.url} (${coordinator.name}, started by verify${coordinator.durable ? '' : '; no persistence'})` : redact(coordinatorUrl);
     const storeText = p.fence === 'sqlite' ? 'SQLite file in the run directory' : redact(storeLocation);
     print(
@@ -342,6 +343,9 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       `  workers      ${o.workers} processes, ${formatDuration(o.durationMs)}, ttl ${formatDuration(effectiveTtl)}${effectiveTtl !== o.ttlMs ? ` (the coordinator's minimum; asked ${formatDuration(o.ttlMs)})` : ''}, work ${formatDuration(workMs)} before each write`,
       `  nemesis      ${nemeses.length === 0 ? 'none' : nemeses.map((n) => (n.notApplicable ? `${n.kind} n/a (${n.notApplicable})` : n.kind)).join('; ')}`,
       ...describeSchedule(schedule, active).map((l, i) => `  ${i === 0 ? 'schedule' : '        '}     ${l}`),
+      ...(mutant === undefined ? [] : [
+        `  ${MUTANT_ENV}=${mutant}: ${(MUTANTS as readonly string[]).includes(mutant) ? 'the workers overstate their leases\' ttl (×2), a test-only mutant: the I6 check must fail' : 'not a known mutant; ignored'}`,
+      ]),
     );
 
     // Workers.

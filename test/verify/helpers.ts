@@ -8,7 +8,7 @@ import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect } from 'vitest';
 import { RESUME_BOUND_MS } from '../../src/verify/checker.js';
-import type { HistoryEvent } from '../../src/verify/protocol.js';
+import { MUTANT_ENV, type HistoryEvent } from '../../src/verify/protocol.js';
 import type { PlannedFault } from '../../src/verify/schedule.js';
 import { runCli, type Finished, type Sandbox } from '../cli/helpers.js';
 import { checkXml } from './xml.js';
@@ -25,10 +25,10 @@ export interface VerifyRun extends Finished {
   faults: string;
 }
 
-/** Runs `leasehold verify …args`; generous timeout (a loaded 2-core machine). */
-export async function verify(args: readonly string[], sb: Sandbox, timeoutMs = 120_000): Promise<VerifyRun> {
+/** Runs `leasehold verify …args`; generous timeout (a loaded 2-core machine). The I6 mutant is off unless `env` sets it. */
+export async function verify(args: readonly string[], sb: Sandbox, timeoutMs = 120_000, env: NodeJS.ProcessEnv = {}): Promise<VerifyRun> {
   const marker = randomBytes(6).toString('hex');
-  const r = await runCli(['verify', ...args], sb, { env: { [MARKER]: marker }, timeoutMs });
+  const r = await runCli(['verify', ...args], sb, { env: { [MUTANT_ENV]: '', ...env, [MARKER]: marker }, timeoutMs });
   const verdicts: Record<string, string> = {};
   for (const m of r.stdout.matchAll(/^ {2}(grants|fence|no lost update|I6|run)\b.*?\s(PASS|FAIL)\s/gm)) verdicts[m[1]!] = m[2]!;
   const lines = r.stdout.split('\n');

@@ -6,6 +6,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, runCli, sandbox, type Sandbox } from '../cli/helpers.js';
+import { MUTANT_ENV } from '../../src/verify/protocol.js';
 import { NEMESES, planSchedule } from '../../src/verify/schedule.js';
 import { expectClean, expectPass, faultCount, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
 
@@ -71,6 +72,18 @@ describe('leasehold verify on SQLite', () => {
     expect(control.schedule.length).toBeGreaterThanOrEqual(2);
     expect(control.schedule).toEqual(fenced.schedule);
   }, 180_000);
+
+  it('the I6 mutant (workers whose backend overstates the ttl ×2) fails the I6 check with two holders at once; the fence still holds', async () => {
+    const args = ['--url', `sqlite:${join(sb.dir, 'mutant.db')}`, '--duration', '5s', '--ttl', `${TTL}ms`, '--seed', String(SEED), '--nemesis', 'pause'];
+    const r = await verify(args, sb, 120_000, { [MUTANT_ENV]: 'overstated-ttl' });
+    runs.push(r);
+    expect(r.code, r.stdout).toBe(1);
+    expect(r.stdout).toContain(`${MUTANT_ENV}=overstated-ttl: the workers overstate their leases' ttl (×2), a test-only mutant: the I6 check must fail`);
+    expect(r.verdicts, r.stdout).toEqual({ grants: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'FAIL' });
+    expect(r.stdout).toMatch(/^ {6}- w\d's lease \(token \d+\) was valid locally until \d+\.\d{3}s, but w\d was granted token \d+ at \d+\.\d{3}s: two holders at once$/m);
+    expect(r.stdout).toMatch(/^verdict: FAIL \(i6\)$/m);
+    expectClean(r, sb);
+  }, 120_000);
 
   it('local:sqlite: delay and crash do not apply there and say why; no nemesis at all also runs', async () => {
     const r = await verify(['--url', 'local:sqlite', '--workers', '2', '--duration', '1.5s', '--ttl', '300ms', '--nemesis', 'delay,crash'], sb);
