@@ -21,7 +21,7 @@ import { formatDuration, parseDuration } from './duration.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
 import { listLeases } from './ls.js';
 import { runCommand } from './run.js';
-import { runVerify } from '../verify/harness.js';
+import { runVerify, VERIFY_LIMITS } from '../verify/harness.js';
 import { MAX_SEED } from '../verify/random.js';
 import { NEMESES, type NemesisKind } from '../verify/schedule.js';
 import { STORE_KINDS, type StoreKind } from '../verify/store.js';
@@ -158,22 +158,27 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       ),
     );
 
-  guard(program.command('verify'), USAGE.verify)
+  // `--fence KIND` and `--no-fence` set the same option (the last one would silently win): both given is a usage error.
+  const fenceFlags = new Set<string>();
+  const verify = guard(program.command('verify'), USAGE.verify);
+  verify.on('option:fence', () => fenceFlags.add('--fence'));
+  verify.on('option:no-fence', () => fenceFlags.add('--no-fence'));
+  verify
     .summary('check leases and fences under faults: real workers, pauses, delays, crashes, skewed clocks')
     .description(
       'Runs --workers real processes that loop acquire -> work -> write -> release on one key of the coordinator at --url, ' +
         'each write a read-modify-write of a counter plus a log row, through the fence. Meanwhile the nemesis freezes lease holders ' +
         '(pause: SIGSTOP past the ttl), holds their requests in a TCP proxy past their lease (delay), kills and restarts the coordinator ' +
-        '(crash: only one verify started, --url local:redis|local:postgres|local:etcd) and skews their clocks (clock), on a schedule ' +
+        '(crash: only one verify started, --url local:redis|local:postgres|local:etcd|local:redlock) and skews their clocks (clock), on a schedule ' +
         'fixed by --seed. Then it checks the history: tokens unique and increasing, accepted tokens never decrease, no lost update, ' +
         'loss signalled in time (I6). --no-fence is the control run: it must fail.\n\n' +
         'Exits 0 when every check passed, 1 when one failed, 69 when the coordinator or the store cannot be reached, 64 for bad arguments.',
     )
-    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, or local:redis|local:postgres|local:etcd|local:sqlite (started by verify)'))
+    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)'))
     .addOption(new Option('--fence <kind>', 'where the protected resource lives (default: the coordinator\'s kind when it has a fence, else sqlite)').choices([...STORE_KINDS]))
     .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
     .addOption(new Option('--fence-url <url>', 'the server of the resource for --fence postgres|redis (default: the coordinator\'s URL when it is of that kind)'))
-    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption('--workers', 1, 1_000)))
+    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption('--workers', 1, VERIFY_LIMITS.maxWorkers)))
     .addOption(new Option('--duration <duration>', 'how long the workload runs').default(30_000, '30s').argParser(durationOption('--duration')))
     .addOption(new Option('--ttl <duration>', 'lease ttl (the coordinator may round it up)').default(1_000, '1s').argParser(durationOption('--ttl')))
     .addOption(new Option('--work <duration>', 'time in the critical section before each write (default: ttl/5)').argParser(durationOption('--work')))
@@ -184,6 +189,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       action(USAGE.verify, async (opts: { url?: string; fence?: StoreKind | false; fenceUrl?: string; workers: number; duration: number; ttl: number; work?: number; seed?: number; nemesis: NemesisKind[]; report?: string }) => {
         const url = opts.url ?? (process.env.LEASEHOLD_URL || undefined);
         if (url === undefined) throw usageError('--url is required (or set LEASEHOLD_URL): the coordinator to verify, e.g. --url local:redis or --url sqlite:./locks.db', USAGE.verify);
+        if (fenceFlags.size > 1) throw usageError('--no-fence and --fence do not go together: the control run writes without any fence', USAGE.verify);
         if (opts.fence === false && opts.fenceUrl !== undefined) throw usageError('--no-fence and --fence-url do not go together', USAGE.verify);
         return runVerify(
           {

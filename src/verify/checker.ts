@@ -13,11 +13,13 @@
  *    exactly once, no refused write is; a write that failed (indeterminate: it may or may not have
  *    committed) is in the log at most once.
  * 4. i6 (loss is signalled): for consecutive grants A, B of the key (by token) where A had neither
- *    released the lease nor learned of its loss when B's acquire returned. A "learns" when its
- *    `lease.signal` fires, or when it finds `lease.held` false as it releases (a worker resuming
- *    from a freeze can release before its overdue validity timer runs; the signal then never
- *    fires, which the summary notes). Using A's own validity deadline D (reported by A) and
- *    whether A's event loop ran a timer due after D before it learned:
+ *    released the lease nor learned of its loss when B's acquire returned. A "learns" only when its
+ *    `lease.signal` fires (a `lost` event), as DESIGN's I6 asks. A lease looked at after its
+ *    validity ran out (`held`, `release()`, …: a worker resuming from a freeze can release before
+ *    its overdue validity timer runs) is made lost by core there and then, which aborts the signal
+ *    first; so a release of an expired lease without a `lost` event is a violation, not another way
+ *    of knowing. Using A's own validity deadline D (reported by A) and whether A's event loop ran a
+ *    timer due after D before it learned:
  *    - D after B's grant: A believed in its lease past the grant. Not checked when A's clock ran
  *      slower than 1 − driftFactor during the lease (outside I5's assumption) or when a coordinator
  *      that loses its state crashed during the lease; otherwise a violation.
@@ -82,7 +84,7 @@ export interface CheckInput {
   final: FinalState;
   fenced: boolean;
   driftFactor: number;
-  /** Does the coordinator keep its state across a crash? (local:redis without persistence: no.) */
+  /** Does the coordinator keep its state across a crash? (local:redis and local:redlock, without persistence: no.) */
   coordinatorDurable: boolean;
 }
 
@@ -93,7 +95,7 @@ interface LeaseRecord {
   acquireAt: number;
   grantedAt: number;
   releaseAt: number | undefined;
-  /** When the worker learned of the loss: its signal fired, or it found `lease.held` false when it released. */
+  /** When the worker learned of the loss: its `lease.signal` fired (the `lost` event). */
   learned: { t: number; due: number | null; running: boolean } | undefined;
   /** Last validity deadline reported. */
   until: number | undefined;

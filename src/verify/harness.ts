@@ -26,7 +26,7 @@ import { check } from './checker.js';
 import { tcpEndpoints, viaPorts } from './endpoints.js';
 import { LOCAL_KINDS, LocalServerError, startLocal, type LocalKind, type LocalServer } from './local.js';
 import { Nemesis, type Target } from './nemesis.js';
-import { runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
+import { MUTANT_ENV, MUTANTS, runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
 import { formatSummary, writeReport } from './report.js';
@@ -34,7 +34,7 @@ import { describeSchedule, NEMESES, planSchedule, type NemesisKind } from './sch
 import { openAdminStore, STORE_KINDS, type AdminStore, type FinalState, type StoreConfig, type StoreKind } from './store.js';
 
 export interface VerifyOptions {
-  /** The coordinator: a backend URL, or `local:redis|postgres|etcd|sqlite` for one verify starts (and can crash). */
+  /** The coordinator: a backend URL, or `local:redis|postgres|etcd|redlock|sqlite` for one verify starts (and can crash). */
   url: string;
   /** Where the protected resource lives. @default the coordinator's technology when it has a fence (sqlite, postgres, redis), else sqlite */
   fence?: StoreKind | undefined;
@@ -109,13 +109,6 @@ function plan(o: VerifyOptions, usage: string): Plan {
   if (o.durationMs < VERIFY_LIMITS.minDurationMs) throw usageError(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`, usage);
   if (o.durationMs < 2 * o.ttlMs) throw usageError(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`, usage);
   if (o.workMs !== undefined && o.workMs >= o.ttlMs) throw usageError(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`, usage);
-  if (o.reportDir !== undefined) {
-    try {
-      mkdirSync(resolve(o.reportDir), { recursive: true });
-    } catch (error) {
-      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
-    }
-  }
   const coordinator = coordinatorKind(o.url, usage);
   const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
   if (!STORE_KINDS.includes(fence)) throw usageError(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`, usage);
@@ -129,6 +122,14 @@ function plan(o: VerifyOptions, usage: string): Plan {
     fenceUrl = coordinator.local ? undefined : o.url;
   } else {
     throw usageError(`--fence ${fence} needs --fence-url (a ${fence} server for the resource): the coordinator is not ${fence}`, usage);
+  }
+  // Last: a run refused for another bad argument leaves no directory behind.
+  if (o.reportDir !== undefined) {
+    try {
+      mkdirSync(resolve(o.reportDir), { recursive: true });
+    } catch (error) {
+      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
+    }
   }
   return { coordinator, fence, fenceUrl };
 }
@@ -299,7 +300,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     const storeTcp = p.fence === 'sqlite' ? [] : tcpEndpoints(storeLocation);
     const notApplicable = (kind: NemesisKind): string | undefined => {
       if (kind === 'crash' && !coordinator?.crashable) {
-        return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd';
+        return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock';
       }
       if (kind === 'delay' && coordinatorTcp.length + storeTcp.length === 0) {
         return p.coordinator.tech === 'sqlite' && p.fence === 'sqlite'
@@ -332,6 +333,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       };
     };
 
+    const mutant = process.env[MUTANT_ENV] || undefined;
     const coordinatorText = coordinator ? `${o.url} (${coordinator.name}, started by verify${coordinator.durable ? '' : '; no persistence'})` : redact(coordinatorUrl);
     const storeText = p.fence === 'sqlite' ? 'SQLite file in the run directory' : redact(storeLocation);
     print(
@@ -341,6 +343,9 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       `  workers      ${o.workers} processes, ${formatDuration(o.durationMs)}, ttl ${formatDuration(effectiveTtl)}${effectiveTtl !== o.ttlMs ? ` (the coordinator's minimum; asked ${formatDuration(o.ttlMs)})` : ''}, work ${formatDuration(workMs)} before each write`,
       `  nemesis      ${nemeses.length === 0 ? 'none' : nemeses.map((n) => (n.notApplicable ? `${n.kind} n/a (${n.notApplicable})` : n.kind)).join('; ')}`,
       ...describeSchedule(schedule, active).map((l, i) => `  ${i === 0 ? 'schedule' : '        '}     ${l}`),
+      ...(mutant === undefined ? [] : [
+        `  ${MUTANT_ENV}=${mutant}: ${(MUTANTS as readonly string[]).includes(mutant) ? 'the workers overstate their leases\' ttl (×2), a test-only mutant: the I6 check must fail' : 'not a known mutant; ignored'}`,
+      ]),
     );
 
     // Workers.

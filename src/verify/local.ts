@@ -10,6 +10,9 @@
  *   when verify runs as root; PostgreSQL refuses root), socket in the run's directory. A crash is
  *   `pg_ctl stop -m immediate` (no shutdown checkpoint: WAL recovery at the restart); durable.
  * - `local:etcd`: one member with its own data directory; a crash is SIGKILL; durable.
+ * - `local:redlock`: three such redis-servers, the Redlock coordinator `redlock://a,b,c`. A crash
+ *   kills one of them (each in turn) and restarts it empty; the other two stay up, so a majority
+ *   always answers. Not durable: the restarted node forgot every holder it had recorded.
  *
  * Binaries are found on PATH (`redis-server`, `etcd`), PostgreSQL's under /usr/lib/postgresql/<newest>/bin
  * or on PATH.
@@ -20,12 +23,12 @@ import net from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
-export const LOCAL_KINDS = Object.freeze(['sqlite', 'redis', 'postgres', 'etcd'] as const);
+export const LOCAL_KINDS = Object.freeze(['sqlite', 'redis', 'postgres', 'etcd', 'redlock'] as const);
 export type LocalKind = (typeof LOCAL_KINDS)[number];
 
 export interface LocalServer {
   readonly kind: LocalKind;
-  /** The coordinator URL for the backend (sqlite:PATH, redis://, postgres://, etcd://). */
+  /** The coordinator URL for the backend (sqlite:PATH, redis://, postgres://, etcd://, redlock://). */
   readonly url: string;
   /** A server process the crash nemesis can kill (not SQLite). */
   readonly crashable: boolean;
@@ -33,6 +36,8 @@ export interface LocalServer {
   readonly durable: boolean;
   /** What to call it in messages: `redis-server :PORT`. */
   readonly name: string;
+  /** What the next `crash()` kills (and the `restart()` after it starts again), for messages: `name`, or one node of several. */
+  readonly crashTarget: string;
   /** Kills it the hard way (SIGKILL, or PostgreSQL's immediate stop). */
   crash(): Promise<void>;
   /** Starts it again on the same port (and data, where it has some) and waits until it answers. */
@@ -88,6 +93,7 @@ export async function startLocal(kind: LocalKind, dir: string, label: string = k
         crashable: false,
         durable: true,
         name: 'SQLite file',
+        crashTarget: 'SQLite file',
         crash: async () => {},
         restart: async () => {},
         stop: async () => {},
@@ -98,6 +104,8 @@ export async function startLocal(kind: LocalKind, dir: string, label: string = k
       return startPostgres(join(dir, label));
     case 'etcd':
       return startEtcd(join(dir, label));
+    case 'redlock':
+      return startRedlock(join(dir, label));
   }
 }
 
@@ -178,6 +186,7 @@ async function startRedis(dir: string): Promise<LocalServer> {
     crashable: true,
     durable: false,
     name: `redis-server :${port}`,
+    crashTarget: `redis-server :${port}`,
     crash: () => killed(child),
     restart: async () => {
       if (!stopped) await start();
@@ -253,6 +262,7 @@ async function startPostgres(dir: string): Promise<LocalServer> {
     // fsync=off loses nothing when only the server process dies; the OS keeps what it wrote.
     durable: true,
     name: `PostgreSQL :${port}`,
+    crashTarget: `PostgreSQL :${port}`,
     crash: halt,
     restart: async () => {
       if (stopped || up) return;
@@ -301,6 +311,7 @@ async function startEtcd(dir: string): Promise<LocalServer> {
     crashable: true,
     durable: true,
     name: `etcd :${clientPort}`,
+    crashTarget: `etcd :${clientPort}`,
     crash: () => killed(child),
     restart: async () => {
       if (!stopped) await start();
@@ -308,6 +319,40 @@ async function startEtcd(dir: string): Promise<LocalServer> {
     stop: async () => {
       stopped = true;
       await killed(child);
+    },
+  };
+}
+
+/** Redlock over three local redis-servers; `crash` kills one of them, in turn, and `restart` starts it again empty. */
+async function startRedlock(dir: string): Promise<LocalServer> {
+  const nodes: LocalServer[] = [];
+  try {
+    for (let i = 1; i <= 3; i++) nodes.push(await startRedis(join(dir, `node${i}`)));
+  } catch (error) {
+    await Promise.all(nodes.map((n) => n.stop()));
+    throw error;
+  }
+  let crashes = 0;
+  let down: LocalServer | undefined;
+  return {
+    kind: 'redlock',
+    url: `redlock://${nodes.map((n) => n.url.slice('redis://'.length)).join(',')}`,
+    crashable: true,
+    durable: false,
+    name: `Redlock over ${nodes.map((n) => n.name).join(', ')}`,
+    get crashTarget() {
+      return nodes[crashes % nodes.length]!.name;
+    },
+    crash: async () => {
+      down = nodes[crashes++ % nodes.length]!;
+      await down.crash();
+    },
+    restart: async () => {
+      await down?.restart();
+      down = undefined;
+    },
+    stop: async () => {
+      await Promise.all(nodes.map((n) => n.stop()));
     },
   };
 }

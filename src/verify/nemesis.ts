@@ -6,8 +6,8 @@
  * - delay: at the next grant, the worker's proxies hold every byte it sends, to the coordinator
  *   and to the resource's store, for the planned time (longer than the ttl), then deliver them in
  *   order: its renewals and its write are sent in time and arrive after its lease is gone.
- * - crash: kill the coordinator verify started (SIGKILL; PostgreSQL: immediate stop), leave it
- *   down for the planned time, start it again on the same port.
+ * - crash: kill the coordinator verify started (SIGKILL; PostgreSQL: immediate stop; Redlock: one
+ *   of its nodes), leave it down for the planned time, start it again on the same port.
  * - clock: run the planned worker's clock at the planned rate for the planned time, then at 1.
  *
  * Faults of one kind run one at a time (a fault that is still running delays the next of its
@@ -148,32 +148,33 @@ export class Nemesis {
   async #crash(fault: PlannedFault): Promise<void> {
     const server = this.#ctx.coordinator;
     if (!server?.crashable) return;
-    this.#ctx.record({ type: 'crash', what: server.name });
+    const what = server.crashTarget;
+    this.#ctx.record({ type: 'crash', what });
     await server.crash();
-    this.#ctx.say(`crash   ${server.name} killed; restarting in ${formatDuration(fault.durationMs)}`);
+    this.#ctx.say(`crash   ${what} killed; restarting in ${formatDuration(fault.durationMs)}`);
     try {
       await this.#sleep(fault.durationMs);
     } finally {
-      await this.restart(server);
+      await this.restart(server, what);
     }
   }
 
   /** Starts the coordinator again, retrying a few times; records the outcome. */
-  async restart(server: LocalServer): Promise<void> {
+  async restart(server: LocalServer, what: string): Promise<void> {
     let error: unknown;
     for (let attempt = 0; attempt < 3; attempt++) {
       try {
         await server.restart();
-        this.#ctx.record({ type: 'restart', what: server.name });
-        this.#ctx.say(`restart ${server.name} is back`);
+        this.#ctx.record({ type: 'restart', what });
+        this.#ctx.say(`restart ${what} is back`);
         return;
       } catch (e) {
         error = e;
       }
     }
     const message = error instanceof Error ? error.message : String(error);
-    this.#ctx.record({ type: 'restart', what: server.name, error: message });
-    throw new Error(`could not restart ${server.name}: ${message}`);
+    this.#ctx.record({ type: 'restart', what, error: message });
+    throw new Error(`could not restart ${what}: ${message}`);
   }
 
   async #clock(fault: PlannedFault): Promise<void> {

@@ -11,6 +11,16 @@
 import type { NemesisKind } from './schedule.js';
 import type { StoreConfig } from './store.js';
 
+/**
+ * Test-only switch of the worker processes (the verify tests' I6 mutant; not for use otherwise):
+ * with `LEASEHOLD_VERIFY_TEST_MUTANT=overstated-ttl` in verify's environment, each worker's backend
+ * reports every grant and renewal with twice the ttl the coordinator applied, so the lease's local
+ * validity outlasts the coordinator's expiry (I5 broken). The I6 check must then fail. verify
+ * prints a line saying so when it is set.
+ */
+export const MUTANT_ENV = 'LEASEHOLD_VERIFY_TEST_MUTANT';
+export const MUTANTS = Object.freeze(['overstated-ttl'] as const);
+
 /** Passed to each worker as its one command-line argument, JSON-encoded. */
 export interface WorkerConfig {
   /** 1-based; the worker is called `w<index>` everywhere. */

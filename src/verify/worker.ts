@@ -16,11 +16,13 @@
  * signal: if not, the process was not running (frozen or stalled) from the deadline until the
  * signal, and a late signal is the expected "learns it as soon as it runs again" (I6).
  */
+import { backendLoader } from '../connect.js';
+import type { Backend } from '../core/backend.js';
 import { LeaseLostError, StaleTokenError } from '../core/errors.js';
 import type { Lease } from '../core/lease.js';
-import { createLocks } from '../index.js';
+import { Locks } from '../core/locks.js';
 import { adjustableClock } from './clock.js';
-import { runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
+import { MUTANT_ENV, runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { openWorkerStore } from './store.js';
 
 /** Period of the event-loop monitor. */
@@ -35,6 +37,31 @@ type Omitted<E> = E extends unknown ? Omit<E, 't' | 'w'> : never;
 function describeError(error: unknown): string {
   if (error instanceof Error) return `${error.name}: ${error.message}`.replace(/\s+/g, ' ').slice(0, 300);
   return String(error).slice(0, 300);
+}
+
+/**
+ * The `overstated-ttl` mutant (test-only, see MUTANT_ENV): the backend as it is, except that grants
+ * and renewals report twice the ttl the coordinator applied, and without sessions (a session's
+ * keep-alive would pass the doubled ttl back to the coordinator and heal the lie).
+ */
+function overstatingTtl(backend: Backend): Backend {
+  return {
+    name: backend.name,
+    capabilities: backend.capabilities,
+    acquire: async (request) => {
+      const r = await backend.acquire(request);
+      return r.granted ? { ...r, ttlMs: 2 * r.ttlMs } : r;
+    },
+    renew: async (request) => {
+      const r = await backend.renew(request);
+      return r.renewed ? { ...r, ttlMs: 2 * r.ttlMs } : r;
+    },
+    release: (request) => backend.release(request),
+    inspect: (prefix) => backend.inspect(prefix),
+    close: () => backend.close(),
+    ...(backend.subscribe ? { subscribe: backend.subscribe.bind(backend) } : {}),
+    ...(backend.cancelWait ? { cancelWait: backend.cancelWait.bind(backend) } : {}),
+  };
 }
 
 async function main(): Promise<void> {
@@ -72,7 +99,9 @@ async function main(): Promise<void> {
   const ranAfter = (deadline: number, until: number): boolean => ticks.some((k) => k.due > deadline + DUE_MARGIN_MS && k.ran <= until);
 
   const clock = adjustableClock(config.clock);
-  const locks = createLocks({ url: config.leaseUrl, clock, holderName: `verify w${w} (pid ${process.pid})`, driftFactor: config.driftFactor });
+  const load = backendLoader(config.leaseUrl);
+  const backend = process.env[MUTANT_ENV] === 'overstated-ttl' ? async () => overstatingTtl(await load()) : load;
+  const locks = new Locks({ backend, clock, holderName: `verify w${w} (pid ${process.pid})`, driftFactor: config.driftFactor });
   const store = await openWorkerStore(config.store);
   const stop = new AbortController();
   let current: { lease: Lease; due: number | null } | undefined;

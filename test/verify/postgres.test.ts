@@ -7,8 +7,11 @@ import pg from 'pg';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, sandbox, type Sandbox } from '../cli/helpers.js';
 import { PG_URL } from '../helpers/env.js';
-import { expectPass, faultCount, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import { NEMESES, planSchedule } from '../../src/verify/schedule.js';
+import { expectPass, faultCount, faultEffects, forcedEffects, i6Summary, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
 
+/** Its schedule forces a delayed write's refusal and a frozen holder's late signal (asserted below). */
+const LOCAL_SEED = 764;
 let sb: Sandbox;
 const runs: VerifyRun[] = [];
 
@@ -54,14 +57,25 @@ describe('leasehold verify on PostgreSQL', () => {
     expect(r.stdout).toMatch(/^ {6}- lost update: /m);
   }, 120_000);
 
-  it('local:postgres: passes under every nemesis, crashes (immediate stop) included', async () => {
+  it('the seed of the local:postgres run plans a delay and a pause whose effects are forced (see forcedEffects)', () => {
+    const faults = planSchedule({ seed: LOCAL_SEED, durationMs: 7_000, ttlMs: 500, workers: 3, nemeses: [...NEMESES] });
+    expect(forcedEffects(faults, 500)).toEqual({ delay: true, pause: true });
+    expect(faults.filter((f) => f.kind === 'clock').length).toBeGreaterThanOrEqual(1);
+  });
+
+  it('local:postgres: passes under every nemesis, crashes (immediate stop) included, and the history shows what each fault did', async () => {
     const report = join(sb.dir, 'report');
-    const r = await verify(['--url', 'local:postgres', '--duration', '7s', '--ttl', '500ms', '--seed', '9', '--report', report], sb);
+    const r = await verify(['--url', 'local:postgres', '--duration', '7s', '--ttl', '500ms', '--seed', String(LOCAL_SEED), '--report', report], sb);
     runs.push(r);
     expectPass(r, sb);
     expect(r.stdout).toMatch(/coordinator {2}local:postgres \(PostgreSQL :\d+, started by verify\)/);
-    for (const kind of ['pause', 'delay', 'crash'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);
-    const { events } = readReport(report, 3);
+    for (const kind of ['pause', 'delay', 'crash', 'clock'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);
+    const { events, tail } = readReport(report, 3);
     expect(events.filter((e) => e.type === 'restart').every((e) => e.type === 'restart' && e.error === undefined)).toBe(true);
+    const effects = faultEffects(events);
+    expect(effects.delayedRefused.length, 'a write held by the delay, refused by the fence once delivered').toBeGreaterThanOrEqual(1);
+    expect(effects.lostAfterResume.length, 'a frozen holder signalled lost right after SIGCONT').toBeGreaterThanOrEqual(1);
+    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT/);
+    expect(effects.skewed.length, 'a worker ran on a skewed clock').toBeGreaterThanOrEqual(1);
   }, 180_000);
 });

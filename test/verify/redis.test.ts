@@ -7,10 +7,13 @@ import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, sandbox, startCli, type Sandbox } from '../cli/helpers.js';
 import { freePort } from '../../src/verify/local.js';
 import { REDIS_URL } from '../redis/servers.js';
-import { expectClean, expectPass, faultCount, killLeftovers, leftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import { NEMESES, planSchedule } from '../../src/verify/schedule.js';
+import { expectClean, expectPass, faultCount, faultEffects, forcedEffects, i6Summary, killLeftovers, leftovers, readReport, verify, type VerifyRun } from './helpers.js';
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
+/** Its schedule forces a delayed write's refusal and a frozen holder's late signal (asserted below). */
+const LOCAL_SEED = 60;
 let sb: Sandbox;
 const runs: VerifyRun[] = [];
 
@@ -35,7 +38,7 @@ describe('leasehold verify on Redis', () => {
     expectPass(r, sb);
     expect(r.stdout).toMatch(/resource {5}redis: redis:\/\/127\.0\.0\.1:\d+; writes through the fence \(redisFence\)/);
     expect(faultCount(r, 'crash')).toBe('n/a');
-    expect(r.faults).toContain('crash n/a (verify did not start the coordinator; use --url local:redis, local:postgres or local:etcd)');
+    expect(r.faults).toContain('crash n/a (verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock)');
     expect(faultCount(r, 'pause')).toBeGreaterThanOrEqual(1);
     expect(faultCount(r, 'delay')).toBeGreaterThanOrEqual(1);
     const client = new Redis(REDIS_URL);
@@ -46,18 +49,40 @@ describe('leasehold verify on Redis', () => {
     }
   }, 120_000);
 
-  it('local:redis: passes under every nemesis, crashes included, and the timeline shows it', async () => {
+  it('the seed of the local:redis run plans a delay and a pause whose effects are forced (see forcedEffects)', () => {
+    const faults = planSchedule({ seed: LOCAL_SEED, durationMs: 7_000, ttlMs: 400, workers: 3, nemeses: [...NEMESES] });
+    expect(forcedEffects(faults, 400)).toEqual({ delay: true, pause: true });
+    expect(faults.filter((f) => f.kind === 'clock').length).toBeGreaterThanOrEqual(1);
+  });
+
+  it('local:redis: passes under every nemesis, crashes included, and the history shows what each fault did', async () => {
     const report = join(sb.dir, 'report');
-    const r = await verify(['--url', 'local:redis', '--duration', '7s', '--ttl', '400ms', '--seed', '7', '--report', report], sb);
+    const r = await verify(['--url', 'local:redis', '--duration', '7s', '--ttl', '400ms', '--seed', String(LOCAL_SEED), '--report', report], sb);
     runs.push(r);
     expectPass(r, sb);
     expect(r.stdout).toMatch(/coordinator {2}local:redis \(redis-server :\d+, started by verify; no persistence\)/);
-    for (const kind of ['pause', 'delay', 'crash'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);
+    for (const kind of ['pause', 'delay', 'crash', 'clock'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);
     expect(r.stdout).toMatch(/crash {3}redis-server :\d+ killed; restarting in/);
     expect(r.stdout).toMatch(/restart redis-server :\d+ is back/);
-    const { events } = readReport(report, 3);
+    const { events, tail } = readReport(report, 3);
     expect(events.some((e) => e.type === 'delay-end' && e.heldBytes > 0)).toBe(true);
     expect(events.some((e) => e.type === 'restart' && e.error === undefined)).toBe(true);
+    const effects = faultEffects(events);
+    expect(effects.delayedRefused.length, 'a write held by the delay, refused by the fence once delivered').toBeGreaterThanOrEqual(1);
+    expect(effects.lostAfterResume.length, 'a frozen holder signalled lost right after SIGCONT').toBeGreaterThanOrEqual(1);
+    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT/);
+    expect(effects.skewed.length, 'a worker ran on a skewed clock').toBeGreaterThanOrEqual(1);
+  }, 120_000);
+
+  it('the control run on local:redis (the README\'s example, shorter) exits 1: lost updates, named', async () => {
+    const r = await verify(['--url', 'local:redis', '--seed', '42', '--no-fence', '--duration', '5s', '--ttl', '400ms'], sb);
+    runs.push(r);
+    expect(r.code, r.stdout).toBe(1);
+    expect(r.stdout).toMatch(/CONTROL RUN \(--no-fence\)/);
+    expect(r.verdicts['no lost update'], r.stdout).toBe('FAIL');
+    expect(r.stdout).toMatch(/^ {6}- lost update: write #\d+ .* stored \d+ right after #\d+ .* stored \d+: it read a value from before that write$/m);
+    expect(r.stdout).toMatch(/^verdict: FAIL \(.*lost-update.*\)$/m);
+    expectClean(r, sb);
   }, 120_000);
 
   it('SIGINT in the middle of a run stops the workers and both servers and removes the run directory', async () => {

@@ -2,10 +2,11 @@
 // apply, delay and crash do not): passes with the fence, the --no-fence control fails with the
 // violations named, the same seed gives the same schedule, the report is written, bad arguments
 // exit 64. Short runs with a small ttl; the assertions never depend on the machine's speed.
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { killAll, requireBuild, runCli, sandbox, type Sandbox } from '../cli/helpers.js';
+import { MUTANT_ENV } from '../../src/verify/protocol.js';
 import { NEMESES, planSchedule } from '../../src/verify/schedule.js';
 import { expectClean, expectPass, faultCount, killLeftovers, readReport, verify, type VerifyRun } from './helpers.js';
 
@@ -72,6 +73,18 @@ describe('leasehold verify on SQLite', () => {
     expect(control.schedule).toEqual(fenced.schedule);
   }, 180_000);
 
+  it('the I6 mutant (workers whose backend overstates the ttl ×2) fails the I6 check with two holders at once; the fence still holds', async () => {
+    const args = ['--url', `sqlite:${join(sb.dir, 'mutant.db')}`, '--duration', '5s', '--ttl', `${TTL}ms`, '--seed', String(SEED), '--nemesis', 'pause'];
+    const r = await verify(args, sb, 120_000, { [MUTANT_ENV]: 'overstated-ttl' });
+    runs.push(r);
+    expect(r.code, r.stdout).toBe(1);
+    expect(r.stdout).toContain(`${MUTANT_ENV}=overstated-ttl: the workers overstate their leases' ttl (×2), a test-only mutant: the I6 check must fail`);
+    expect(r.verdicts, r.stdout).toEqual({ grants: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'FAIL' });
+    expect(r.stdout).toMatch(/^ {6}- w\d's lease \(token \d+\) was valid locally until \d+\.\d{3}s, but w\d was granted token \d+ at \d+\.\d{3}s: two holders at once$/m);
+    expect(r.stdout).toMatch(/^verdict: FAIL \(i6\)$/m);
+    expectClean(r, sb);
+  }, 120_000);
+
   it('local:sqlite: delay and crash do not apply there and say why; no nemesis at all also runs', async () => {
     const r = await verify(['--url', 'local:sqlite', '--workers', '2', '--duration', '1.5s', '--ttl', '300ms', '--nemesis', 'delay,crash'], sb);
     runs.push(r);
@@ -91,6 +104,11 @@ describe('leasehold verify on SQLite', () => {
       [['--url', 'local:mysql'], /local:mysql is not one verify can start/],
       [['--url', 'ftp://x'], /unsupported scheme/],
       [['--url', 'local:sqlite', '--workers', '0'], /--workers.*expected an integer from 1/],
+      [['--url', 'local:sqlite', '--workers', '65'], /--workers.*expected an integer from 1 to 64, got "65"/],
+      [['--url', 'local:sqlite', '--no-fence', '--fence', 'sqlite'], /--no-fence and --fence do not go together/],
+      [['--url', 'local:sqlite', '--fence', 'sqlite', '--no-fence'], /--no-fence and --fence do not go together/],
+      [['--url', 'ftp://x', '--report', join(sb.dir, 'not-made')], /unsupported scheme/],
+      [['--url', 'local:sqlite', '--ttl', '50ms', '--report', join(sb.dir, 'not-made')], /--ttl must be at least 100ms/],
       [['--url', 'local:sqlite', '--ttl', '50ms'], /--ttl must be at least 100ms/],
       [['--url', 'local:sqlite', '--ttl', '1s', '--duration', '1.5s'], /--duration \(1\.5s\) must be at least twice --ttl/],
       [['--url', 'local:sqlite', '--nemesis', 'pause,flood'], /--nemesis.*expected a comma-separated list of pause, delay, crash, clock/],
@@ -110,6 +128,8 @@ describe('leasehold verify on SQLite', () => {
       expect(r.errLines.at(-1), args.join(' ')).toMatch(/^usage: leasehold verify --url URL/);
       expect(r.stdout).toBe('');
     }
+    // A run refused for a bad argument creates no --report directory.
+    expect(existsSync(join(sb.dir, 'not-made'))).toBe(false);
     expect(NEMESES).toHaveLength(4);
   }, 120_000);
 });
