@@ -23,7 +23,7 @@ export interface IoredisLike {
   nodes?(role?: 'master' | 'slave' | 'all'): IoredisLike[];
 }
 
-/** The few methods leasehold calls on a node-redis (v4, v5) client, typed structurally. */
+/** The few methods leasehold calls on a node-redis (v4 and later; tested with v6) client, typed structurally. */
 export interface NodeRedisLike {
   sendCommand(args: string[]): Promise<unknown>;
   duplicate(): NodeRedisLike;
@@ -561,14 +561,28 @@ function fail(op: Op, error: unknown): void {
 }
 
 /**
+ * The classes drivers use for a Redis error reply, found on the error's prototype chain: ioredis's
+ * `ReplyError` (redis-errors), node-redis's `ErrorReply` (v4+; v5's `SimpleError` and `BlobError`
+ * extend it). Their `name` cannot be relied on: node-redis leaves it at 'Error'.
+ */
+const REPLY_ERROR_CLASSES: ReadonlySet<string> = new Set(['ReplyError', 'ErrorReply']);
+
+/**
  * The error code of a Redis error reply: its first word (`NOSCRIPT`, `WRONGTYPE`, `CROSSSLOT`…),
  * which the protocol defines as the error's kind. Undefined for errors that are not replies
- * (connection loss, timeouts).
+ * (connection loss, timeouts), whatever their message says. The one place replies are classified;
+ * error elements inside an array reply (a batch) are the same classes.
  */
 export function replyCode(error: unknown): string | undefined {
   if (!(error instanceof Error)) return undefined;
-  const name = error.name;
-  if (name !== 'ReplyError' && name !== 'ErrorReply' && name !== 'SimpleError' && name !== 'BlobError') return undefined;
+  let reply = false;
+  for (let p: unknown = Object.getPrototypeOf(error); p !== null && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    if (REPLY_ERROR_CLASSES.has((p as { constructor?: { name?: unknown } }).constructor?.name as string)) {
+      reply = true;
+      break;
+    }
+  }
+  if (!reply) return undefined;
   return /^([A-Z][A-Z_]*)(?:\s|$)/.exec(error.message)?.[1];
 }
 

@@ -1,5 +1,6 @@
 import { afterAll } from 'vitest';
 import { Redis } from 'ioredis';
+import { createClient } from 'redis';
 import { redisBackend, redisFence, redlockBackend, type RedisMulti } from '../../src/redis/index.js';
 import { uniqueName } from '../helpers/env.js';
 import { deleteKeys, REDIS_URL, startRedis, stopAll } from '../redis/servers.js';
@@ -30,6 +31,44 @@ backendConformance('redlock (3 servers; restart = one server restarted empty)', 
       await servers[0]!.start();
     },
     cleanup: async () => {
+      await Promise.all(servers.map((s) => s.kill()));
+    },
+  };
+});
+
+/** node-redis clients the harnesses opened: the backends leave a user's client alone, so the test closes them. */
+type Closable = { close(): Promise<unknown>; destroy(): void };
+async function nodeRedis(url: string, opened: Closable[]) {
+  const c = createClient({ url });
+  c.on('error', () => {});
+  opened.push(c);
+  await c.connect();
+  return c;
+}
+
+backendConformance('redis with a node-redis client', async () => {
+  const prefix = `${uniqueName('lhconfnr')}:`;
+  const opened: Closable[] = [];
+  return {
+    connect: async () => redisBackend({ client: await nodeRedis(REDIS_URL, opened), prefix }),
+    prefix: 'conf',
+    ttlMs: 300,
+    cleanup: async () => {
+      await Promise.allSettled(opened.map((c) => c.close()));
+      await deleteKeys(REDIS_URL, prefix);
+    },
+  };
+});
+
+backendConformance('redlock with node-redis clients (3 servers)', async () => {
+  const servers = await Promise.all([startRedis(), startRedis(), startRedis()]);
+  const opened: Closable[] = [];
+  return {
+    connect: async () => redlockBackend({ clients: await Promise.all(servers.map((s) => nodeRedis(s.url, opened))) }),
+    prefix: 'conf',
+    ttlMs: 300,
+    cleanup: async () => {
+      for (const c of opened) c.destroy();
       await Promise.all(servers.map((s) => s.kill()));
     },
   };
