@@ -9,7 +9,9 @@ import { describe } from '../core/validate.js';
  */
 export interface IoredisLike {
   call(command: string, ...args: (string | number)[]): Promise<unknown>;
-  duplicate(): IoredisLike;
+  /** `Redis` takes option overrides (leasehold passes `{ autoResubscribe: false }`); a `Cluster` is duplicated without arguments. */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- Redis takes options here, Cluster its startup nodes
+  duplicate(override?: any): IoredisLike;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any -- matches ioredis's EventEmitter typing
   on(event: string, listener: (...args: any[]) => void): unknown;
   subscribe(...channels: string[]): Promise<unknown>;
@@ -145,13 +147,21 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
       return gate.then(() => client.call(name, args as never));
     },
     async subscribe(channel, onMessage) {
-      const sub = client.duplicate();
+      // ioredis resubscribes by itself after a reconnection, but leaves a refused SUBSCRIBE (an ACL
+      // change: NOPERM) as an unhandled rejection. On a single node we resubscribe ourselves instead;
+      // until that succeeds the subscriber is not ready (waiters poll).
+      const own = client.isCluster !== true;
+      const sub = own ? client.duplicate({ autoResubscribe: false }) : client.duplicate();
       quiet(sub);
       let isReady = false;
+      let subscribed = false;
       sub.on('message', ((ch: string, message: string) => {
         if (ch === channel) onMessage(message);
       }) as never);
-      sub.on('ready', () => (isReady = true));
+      sub.on('ready', () => {
+        if (!own || !subscribed) isReady = true;
+        else sub.subscribe(channel).then(() => (isReady = true), () => {});
+      });
       sub.on('close', () => (isReady = false));
       try {
         if (sub.status !== 'ready') {
@@ -161,6 +171,7 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
           });
         }
         await sub.subscribe(channel);
+        subscribed = true;
         isReady = true;
       } catch (error) {
         sub.disconnect();
