@@ -572,29 +572,30 @@ function fail(op: Op, error: unknown): void {
 }
 
 /**
- * The classes drivers use for a Redis error reply, found on the error's prototype chain: ioredis's
- * `ReplyError` (redis-errors), node-redis's `ErrorReply` (v4+; v5's `SimpleError` and `BlobError`
- * extend it). Their `name` cannot be relied on: node-redis leaves it at 'Error'.
+ * True when `error` is an instance of a class named one of `names` (found on its prototype chain):
+ * how driver errors are told apart without importing the drivers (their `name` cannot be relied
+ * on: node-redis leaves it at 'Error').
  */
-const REPLY_ERROR_CLASSES: ReadonlySet<string> = new Set(['ReplyError', 'ErrorReply']);
+export function hasErrorClass(error: unknown, ...names: string[]): boolean {
+  if (!(error instanceof Error)) return false;
+  for (let p: unknown = Object.getPrototypeOf(error); p !== null && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const name = (p as { constructor?: { name?: unknown } }).constructor?.name;
+    if (typeof name === 'string' && names.includes(name)) return true;
+  }
+  return false;
+}
 
 /**
  * The error code of a Redis error reply: its first word (`NOSCRIPT`, `WRONGTYPE`, `CROSSSLOT`…),
  * which the protocol defines as the error's kind. Undefined for errors that are not replies
- * (connection loss, timeouts), whatever their message says. The one place replies are classified;
- * error elements inside an array reply (a batch) are the same classes.
+ * (connection loss, timeouts), whatever their message says. A reply error is an ioredis
+ * `ReplyError` (redis-errors) or a node-redis `ErrorReply` (v4+; v5's `SimpleError` and
+ * `BlobError` extend it); error elements inside an array reply (a batch) are the same classes.
+ * The one place replies are classified.
  */
 export function replyCode(error: unknown): string | undefined {
-  if (!(error instanceof Error)) return undefined;
-  let reply = false;
-  for (let p: unknown = Object.getPrototypeOf(error); p !== null && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
-    if (REPLY_ERROR_CLASSES.has((p as { constructor?: { name?: unknown } }).constructor?.name as string)) {
-      reply = true;
-      break;
-    }
-  }
-  if (!reply) return undefined;
-  return /^([A-Z][A-Z_]*)(?:\s|$)/.exec(error.message)?.[1];
+  if (!hasErrorClass(error, 'ReplyError', 'ErrorReply')) return undefined;
+  return /^([A-Z][A-Z_]*)(?:\s|$)/.exec((error as Error).message)?.[1];
 }
 
 /** Maps a driver error to a LeaseholdError: data of another type at our key → InvalidArgumentError, the rest → BackendUnavailableError. */

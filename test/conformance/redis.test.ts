@@ -95,3 +95,28 @@ fenceConformance<RedisMulti>('redis', async () => {
     },
   };
 });
+
+fenceConformance('redis with a node-redis client', async () => {
+  const ns = `${uniqueName('lhfencenr')}:`;
+  const client = createClient({ url: REDIS_URL });
+  client.on('error', () => {});
+  await client.connect();
+  // typed as the client's own MULTI (node-redis 5+ types `multi` generically: name it)
+  const fence = redisFence<ReturnType<typeof client.multi<'typed'>>>(client, { prefix: `${ns}mark:` });
+  const counterKey = (r: string): string => `${ns}n:${r}`;
+  const logKey = (r: string): string => `${ns}log:${r}`;
+  return {
+    fence,
+    increment: (tx, r) => tx.incr(counterKey(r)),
+    append: (tx, r, v) => tx.rPush(logKey(r), v),
+    counter: async (r) => Number((await client.get(counterKey(r))) ?? 0),
+    log: async (r) => client.lRange(logKey(r), 0, -1),
+    transactional: true,
+    synchronous: false,
+    cleanup: async () => {
+      await fence.close();
+      await deleteKeys(REDIS_URL, ns);
+      await client.close();
+    },
+  };
+});
