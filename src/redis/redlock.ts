@@ -261,10 +261,15 @@ function gather<T>(n: number, call: (node: number) => Promise<T>, enough: (outco
  * an acquire that used it up gives everything back. Renew extends on every server and needs a
  * majority; release deletes on every server. No queue: waiters poll with jittered backoff.
  *
- * What holds and what does not is in the README's Redlock section; in short: tokens of successive
- * grants increase as long as every majority that reads intersects the last majority that wrote in
- * a server that kept its data; two grants never share a token because a proposal is accepted only
- * by servers whose counter is lower, and two majorities share a server.
+ * What holds and what does not is in the README's Redlock section; in short: the token of a grant
+ * g2 requested after g1 was handed out is larger than g1's if g2's reading majority (the servers
+ * that answered its phase 1) contains a server that was in g1's writing majority (accepted g1's
+ * token) and kept its data since; otherwise only if the highest TIME (µs) read in g2's phase 1
+ * exceeds g1's token (clocks roughly in step). Two grants never share a token because a proposal
+ * is accepted only by servers whose counter is lower, and two majorities share a server (unless
+ * that server lost its data between the two commits). Clocks decide who believes it holds the
+ * lease, not the order of tokens: when they misbehave and two clients hold the key, the later
+ * grant still has the higher token, and the fence refuses the older holder.
  */
 export function redlockBackend(options: RedlockBackendOptions): Backend {
   const o = checkObject(options, 'options');
