@@ -6,8 +6,8 @@
 // script, polling every 1 ms when busy), on one redis-server started for the run (no
 // persistence) unless --url is given. Rounds are interleaved (every library runs each scenario
 // once per round, in turn), so drift of this machine hits all alike. Prints figures, never fails
-// on them. Commands per critical section are counted in a separate short run under MONITOR
-// (which tells client commands from commands inside scripts), not during the timed runs.
+// on them. Commands per critical section and renewal commands are counted in separate runs under
+// MONITOR (which tells client commands from commands inside scripts), not during the timed runs.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
@@ -237,23 +237,25 @@ async function commandsPerSection(name, url, sectionsWanted = 400) {
   return { client: client / done, inScripts: inScripts / done };
 }
 
-/** Renewal commands per second for one client holding 10,000 leases of ttl 3 s (each library's own renewal). */
-async function renewals(name, url, admin) {
+/**
+ * Renewal commands for one client holding 10,000 leases of ttl 3 s, each library renewing its own
+ * way. Counted under MONITOR, which shows each command a client sends once (the commands a script
+ * runs inside the server are marked `lua` and not counted), over a window of whole renewal
+ * intervals of that library; reported per interval (count / intervals in the window) and per second.
+ */
+async function renewals(name, url) {
   const N = 10_000;
   const ttl = 3_000;
   const tag = `r:${name}:${Math.random().toString(36).slice(2)}`;
-  const stats = async () => {
-    const info = await admin.info('commandstats');
-    const get = (c) => Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-    return get('fcall') + get('evalsha') + get('eval') + get('pexpire') + get('expire');
-  };
   let stop;
   let cadence;
+  let intervalMs;
   if (name === 'leasehold') {
     const locks = new Locks({ backend: redisBackend({ url }) });
     for (let i = 0; i < N; i += 500) await Promise.all(Array.from({ length: 500 }, (_, j) => locks.acquire(`${tag}:${i + j}`, { ttlMs: ttl })));
     stop = () => locks.close();
     cadence = 'one session keep-alive every ttl/3';
+    intervalMs = ttl / 3;
   } else if (name === 'redlock') {
     const client = new Redis(url);
     const redlock = new Redlock([client]);
@@ -261,13 +263,16 @@ async function renewals(name, url, admin) {
     let release;
     const hold = new Promise((r) => (release = r));
     const started = [];
+    const usings = [];
     for (let i = 0; i < N; i++) {
-      started.push(new Promise((ok) => redlock.using([`${tag}:${i}`], ttl, async () => { ok(); await hold; }).catch(() => {})));
+      started.push(new Promise((ok) => usings.push(redlock.using([`${tag}:${i}`], ttl, async () => { ok(); await hold; }).catch(() => {}))));
       if (i % 500 === 499) await Promise.all(started.slice(-500));
     }
     await Promise.all(started);
-    stop = async () => { release(); await sleep(200); await client.quit(); };
-    cadence = 'using(): each lock extended when < 500 ms remain';
+    // quit only once every using() has released its lock (a command still in flight would fail unhandled inside redlock)
+    stop = async () => { release(); await Promise.all(usings); await client.quit(); };
+    cadence = 'using(): each lock extended when < 500 ms remain (every ttl − 500 ms)';
+    intervalMs = ttl - 500;
   } else if (name === 'redis-semaphore') {
     const client = new Redis(url);
     const mutexes = [];
@@ -278,6 +283,7 @@ async function renewals(name, url, admin) {
     }
     stop = async () => { await Promise.all(mutexes.map((m) => m.release())); await client.quit(); };
     cadence = 'each mutex refreshed every 0.8 × lockTimeout';
+    intervalMs = Math.round(ttl * 0.8);
   } else {
     const client = new Redis(url);
     client.defineCommand('renew', { numberOfKeys: 1, lua: `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end` });
@@ -285,14 +291,22 @@ async function renewals(name, url, admin) {
     const timer = setInterval(() => { for (let i = 0; i < N; i++) void client.renew(`${tag}:${i}`, 'me', ttl); }, ttl / 3);
     stop = async () => { clearInterval(timer); await client.quit(); };
     cadence = 'each key renewed every ttl/3 (compare-and-pexpire script)';
+    intervalMs = ttl / 3;
   }
-  await sleep(500);
-  const before = await stats();
-  const windowMs = 6_000;
-  await sleep(windowMs);
-  const perSecond = ((await stats()) - before - 1) / (windowMs / 1000);
+  const monitor = await new Redis(url).monitor();
+  let commands = 0;
+  let counting = false;
+  monitor.on('monitor', (_time, args, source) => {
+    if (counting && source !== 'lua' && String(args[0]).toLowerCase() !== 'monitor') commands++;
+  });
+  await sleep(500); // the acquires' replies are in; the first renewals are scheduled
+  const intervals = Math.ceil(6_000 / intervalMs); // at least 6 s, in whole intervals of this library
+  counting = true;
+  await sleep(intervals * intervalMs);
+  counting = false;
+  monitor.disconnect();
   await stop();
-  return { perSecond, cadence };
+  return { perInterval: commands / intervals, perSecond: commands / ((intervals * intervalMs) / 1000), cadence };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,8 +399,9 @@ process.stderr.write('\nrenewals (10,000 leases):');
 const cadences = {};
 for (const name of only.has('renewals') ? renewalNames : []) {
   process.stderr.write(` ${name}`);
-  const r = await renewals(name, url, admin);
-  add('renewal commands per second, 10,000 leases of ttl 3 s', name, r.perSecond);
+  const r = await renewals(name, url);
+  add('renewal commands per renewal interval, 1 client, 10,000 leases of ttl 3 s', name, r.perInterval);
+  add('renewal commands per second, same run', name, r.perSecond);
   cadences[name] = r.cadence;
 }
 process.stderr.write('\n\n');
@@ -404,7 +419,7 @@ const rows = [header, header.map(() => '---')];
 for (const [figure, byName] of Object.entries(results)) {
   const m = Object.fromEntries(Object.entries(byName).map(([k, v]) => [k, median(v)]));
   const lh = m.leasehold;
-  rows.push([figure, ...columns.map((n) => fmt(m[n])), ...peers.map((n) => (m[n] && lh !== undefined && m[n] !== 0 ? `${(lh / m[n]).toFixed(2)}×` : '—'))]);
+  rows.push([figure, ...columns.map((n) => fmt(m[n])), ...peers.map((n) => (m[n] && lh !== undefined && m[n] !== 0 ? `${lh / m[n] < 0.01 ? `1/${fmt(m[n] / lh)}` : (lh / m[n]).toFixed(2)}×` : '—'))]);
 }
 console.log(rows.map((r) => `| ${r.join(' | ')} |`).join('\n'));
 console.log('\nrenewal cadence: ' + Object.entries(cadences).map(([k, v]) => `${k}: ${v}`).join('; '));

@@ -547,10 +547,14 @@ export const REDIS_LIBRARY = new LuaLibrary('leasehold', `${LUA_PRELUDE}${BACKEN
  * - Tokens: a grant's token is max(counter + 1, server TIME in µs), raised in the grant's script
  *   (I1, I2). Assumption, stated exactly: when the counter is lost (a restart without
  *   persistence, a failover to a replica that missed the last writes, or a key idle longer than
- *   `retainMs`), the next token is still larger than every earlier one provided the server's clock
- *   now reads later than it did at the key's previous grant — the clock did not step back across
- *   the loss by more than the time since that grant. (A counter only runs ahead of TIME when one
- *   key is granted more than once per microsecond, which one script per grant cannot do.)
+ *   `retainMs`), the next token is still larger than every earlier one provided the clock of the
+ *   server that issues it reads later than the clock of the server that issued the key's previous
+ *   grant read at that grant. After a restart that is one machine's clock, which must not step
+ *   back across the loss by more than the time since that grant; after a failover it compares the
+ *   new primary's clock with the old primary's, so the replica's clock may lag the old primary's
+ *   by less than the time from that grant to the first grant after the failover. (A counter only
+ *   runs ahead of TIME when one key is granted more than once per microsecond, which one script
+ *   per grant cannot do.)
  * - Waiting without polling: a waiter is enqueued by its busy answer with this client's channel;
  *   release, cancel and shared hand-offs PUBLISH to the head waiter only (no herd). FIFO, and a
  *   releaser or a `tryAcquire` cannot barge past waiters. Expiry has no event in Redis: the busy

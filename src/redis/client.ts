@@ -9,7 +9,9 @@ import { describe } from '../core/validate.js';
  */
 export interface IoredisLike {
   call(command: string, ...args: (string | number)[]): Promise<unknown>;
-  duplicate(): IoredisLike;
+  /** `Redis` takes option overrides (leasehold passes `{ autoResubscribe: false }`); a `Cluster` is duplicated without arguments. */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- Redis takes options here, Cluster its startup nodes
+  duplicate(override?: any): IoredisLike;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any -- matches ioredis's EventEmitter typing
   on(event: string, listener: (...args: any[]) => void): unknown;
   subscribe(...channels: string[]): Promise<unknown>;
@@ -23,7 +25,7 @@ export interface IoredisLike {
   nodes?(role?: 'master' | 'slave' | 'all'): IoredisLike[];
 }
 
-/** The few methods leasehold calls on a node-redis (v4, v5) client, typed structurally. */
+/** The few methods leasehold calls on a node-redis (v4 and later; tested with v6) client, typed structurally. */
 export interface NodeRedisLike {
   sendCommand(args: string[]): Promise<unknown>;
   duplicate(): NodeRedisLike;
@@ -145,13 +147,21 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
       return gate.then(() => client.call(name, args as never));
     },
     async subscribe(channel, onMessage) {
-      const sub = client.duplicate();
+      // ioredis resubscribes by itself after a reconnection, but leaves a refused SUBSCRIBE (an ACL
+      // change: NOPERM) as an unhandled rejection. On a single node we resubscribe ourselves instead;
+      // until that succeeds the subscriber is not ready (waiters poll).
+      const own = client.isCluster !== true;
+      const sub = own ? client.duplicate({ autoResubscribe: false }) : client.duplicate();
       quiet(sub);
       let isReady = false;
+      let subscribed = false;
       sub.on('message', ((ch: string, message: string) => {
         if (ch === channel) onMessage(message);
       }) as never);
-      sub.on('ready', () => (isReady = true));
+      sub.on('ready', () => {
+        if (!own || !subscribed) isReady = true;
+        else sub.subscribe(channel).then(() => (isReady = true), () => {});
+      });
       sub.on('close', () => (isReady = false));
       try {
         if (sub.status !== 'ready') {
@@ -161,6 +171,7 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
           });
         }
         await sub.subscribe(channel);
+        subscribed = true;
         isReady = true;
       } catch (error) {
         sub.disconnect();
@@ -561,15 +572,30 @@ function fail(op: Op, error: unknown): void {
 }
 
 /**
+ * True when `error` is an instance of a class named one of `names` (found on its prototype chain):
+ * how driver errors are told apart without importing the drivers (their `name` cannot be relied
+ * on: node-redis leaves it at 'Error').
+ */
+export function hasErrorClass(error: unknown, ...names: string[]): boolean {
+  if (!(error instanceof Error)) return false;
+  for (let p: unknown = Object.getPrototypeOf(error); p !== null && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const name = (p as { constructor?: { name?: unknown } }).constructor?.name;
+    if (typeof name === 'string' && names.includes(name)) return true;
+  }
+  return false;
+}
+
+/**
  * The error code of a Redis error reply: its first word (`NOSCRIPT`, `WRONGTYPE`, `CROSSSLOT`…),
  * which the protocol defines as the error's kind. Undefined for errors that are not replies
- * (connection loss, timeouts).
+ * (connection loss, timeouts), whatever their message says. A reply error is an ioredis
+ * `ReplyError` (redis-errors) or a node-redis `ErrorReply` (v4+; v5's `SimpleError` and
+ * `BlobError` extend it); error elements inside an array reply (a batch) are the same classes.
+ * The one place replies are classified.
  */
 export function replyCode(error: unknown): string | undefined {
-  if (!(error instanceof Error)) return undefined;
-  const name = error.name;
-  if (name !== 'ReplyError' && name !== 'ErrorReply' && name !== 'SimpleError' && name !== 'BlobError') return undefined;
-  return /^([A-Z][A-Z_]*)(?:\s|$)/.exec(error.message)?.[1];
+  if (!hasErrorClass(error, 'ReplyError', 'ErrorReply')) return undefined;
+  return /^([A-Z][A-Z_]*)(?:\s|$)/.exec((error as Error).message)?.[1];
 }
 
 /** Maps a driver error to a LeaseholdError: data of another type at our key → InvalidArgumentError, the rest → BackendUnavailableError. */

@@ -1,4 +1,4 @@
 export { redisBackend, REDIS_DEFAULTS, type RedisBackendOptions } from './backend.js';
 export { redlockBackend, REDLOCK_DEFAULTS, type RedlockBackendOptions } from './redlock.js';
-export { redisFence, type RedisFenceOptions, type RedisMulti } from './fence.js';
+export { redisFence, type NodeRedisFenceClient, type NodeRedisFenceMulti, type NodeRedisMulti, type RedisFenceClient, type RedisFenceOptions, type RedisMulti } from './fence.js';
 export { CLIENT_DEFAULTS, type RedisClientLike, type IoredisLike, type NodeRedisLike } from './client.js';

@@ -261,10 +261,15 @@ function gather<T>(n: number, call: (node: number) => Promise<T>, enough: (outco
  * an acquire that used it up gives everything back. Renew extends on every server and needs a
  * majority; release deletes on every server. No queue: waiters poll with jittered backoff.
  *
- * What holds and what does not is in the README's Redlock section; in short: tokens of successive
- * grants increase as long as every majority that reads intersects the last majority that wrote in
- * a server that kept its data; two grants never share a token because a proposal is accepted only
- * by servers whose counter is lower, and two majorities share a server.
+ * What holds and what does not is in the README's Redlock section; in short: the token of a grant
+ * g2 requested after g1 was handed out is larger than g1's if g2's reading majority (the servers
+ * that answered its phase 1) contains a server that was in g1's writing majority (accepted g1's
+ * token) and kept its data since; otherwise only if the highest TIME (µs) read in g2's phase 1
+ * exceeds g1's token (clocks roughly in step). Two grants never share a token because a proposal
+ * is accepted only by servers whose counter is lower, and two majorities share a server (unless
+ * that server lost its data between the two commits). Clocks decide who believes it holds the
+ * lease, not the order of tokens: when they misbehave and two clients hold the key, the later
+ * grant still has the higher token, and the fence refuses the older holder.
  */
 export function redlockBackend(options: RedlockBackendOptions): Backend {
   const o = checkObject(options, 'options');
@@ -288,6 +293,22 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
   const n = nodes.length;
   const quorum = Math.floor(n / 2) + 1;
   let closed = false;
+  /**
+   * What a renewal needs to record a holder again, identically, on a server that lost it (restarted
+   * empty): the lock-delay and label of each lease granted here, by owner (unique per lease). Kept
+   * until released or refused; a lease lost without either is dropped once its ttl has run out
+   * for good (swept when new grants are recorded).
+   */
+  const granted = new Map<string, { lockDelay: string; label: string; until: number }>();
+  let sweepAt = 0;
+  const remember = (req: AcquireRequest): void => {
+    const now = performance.now();
+    if (granted.size >= 1_000 && now >= sweepAt) {
+      sweepAt = now + 1_000;
+      for (const [owner, g] of granted) if (g.until < now) granted.delete(owner);
+    }
+    granted.set(req.owner, { lockDelay: String(req.lockDelayMs), label: req.holder, until: now + 2 * req.ttlMs });
+  };
 
   const keysOf = (key: string): [string, string, string] => {
     const meta = `${prefix}{${encodeKey(key)}}`;
@@ -378,6 +399,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         const validity = req.ttlMs - elapsed - (req.ttlMs * REDLOCK_DEFAULTS.driftFactor + 2);
         if (accepted >= quorum) {
           if (validity <= 0) break;
+          remember(req);
           return { granted: true, token: proposal, ttlMs: req.ttlMs };
         }
         const higher = commits.filter((x) => x.ok && int(x.value[0]) === 0).map((x) => (x.ok ? BigInt(String(x.value[1])) : 0n));
@@ -395,7 +417,10 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async renew(req: RenewRequest): Promise<RenewResult> {
       ensureOpen();
       const keys = keysOf(req.key);
-      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', '0', '', retain];
+      const g = granted.get(req.owner);
+      // A lease granted by another backend object (no record here) is re-recorded without lock-delay or label.
+      if (g) g.until = performance.now() + 2 * req.ttlMs;
+      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', g?.lockDelay ?? '0', g?.label ?? '', retain];
       const outs = await gather<number>(n, (i) => on(i, 'renew', NODE_RENEW, keys, args), (xs) => {
         const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
         const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
@@ -404,12 +429,16 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       const ok = outs.filter((x) => x.ok && int(x.value) === 1).length;
       if (ok >= quorum) return { renewed: true, ttlMs: req.ttlMs };
       const refused = outs.filter((x) => x.ok && int(x.value) !== 1).length;
-      if (refused > n - quorum) return { renewed: false };
+      if (refused > n - quorum) {
+        granted.delete(req.owner);
+        return { renewed: false };
+      }
       throw unavailable('renew', outs);
     },
 
     async release(req: ReleaseRequest): Promise<void> {
       ensureOpen();
+      granted.delete(req.owner);
       const answered = await releaseAll(req);
       if (answered < quorum) throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
     },
@@ -473,6 +502,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async close() {
       if (closed) return;
       closed = true;
+      granted.clear();
       await Promise.all(nodes.map((c) => c.close()));
     },
   };

@@ -5,6 +5,7 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
+import { createClient } from 'redis';
 import { BackendUnavailableError, InvalidArgumentError, type LeaseholdError, type LeaseLostError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { redisBackend, redisFence, redlockBackend } from '../../src/redis/index.js';
@@ -131,6 +132,41 @@ describe('redis failure behaviour', () => {
       }
       expect(error, argument).toBeInstanceOf(InvalidArgumentError);
       expect((error as InvalidArgumentError).argument).toBe(argument);
+    }
+  });
+
+  it('redisFence, ioredis and node-redis: a queued command that fails in EXEC is an InvalidArgumentError; a dead server a BackendUnavailableError', async () => {
+    const server = await startRedis();
+    const admin = new Redis(server.url);
+    const node = createClient({ url: server.url, socket: { reconnectStrategy: false } });
+    node.on('error', () => {});
+    await node.connect();
+    const io = new Redis(server.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    io.on('error', () => {});
+    const fences = [
+      { name: 'ioredis', fence: redisFence(io, { commandTimeoutMs: 1_000 }), push: (tx: unknown) => (tx as { rpush(k: string, v: string): unknown }).rpush('a-string', 'x') },
+      { name: 'node-redis', fence: redisFence(node, { commandTimeoutMs: 1_000 }), push: (tx: unknown) => (tx as { rPush(k: string, v: string): unknown }).rPush('a-string', 'x') },
+    ];
+    try {
+      await admin.set('a-string', 'not a list');
+      for (const [i, { name, fence, push }] of fences.entries()) {
+        const e = await fence.write(`doc-${i}`, 5n, (tx) => push(tx)).catch((x: unknown) => x);
+        expect(e, name).toBeInstanceOf(InvalidArgumentError);
+        expect((e as InvalidArgumentError).argument, name).toBe('mutate');
+        expect(await fence.highest(`doc-${i}`), name).toBe(5n); // no rollback: the mark was raised with it
+      }
+      await fences[1]!.fence.close(); // its idle connections go: the next write needs a new one
+      await server.kill();
+      for (const { name, fence } of fences) {
+        const e = await fence.write('doc-dead', 6n, () => {}).catch((x: unknown) => x);
+        expect(e, name).toBeInstanceOf(BackendUnavailableError);
+      }
+    } finally {
+      for (const { fence } of fences) await fence.close();
+      admin.disconnect();
+      io.disconnect();
+      node.destroy();
+      await server.kill();
     }
   });
 

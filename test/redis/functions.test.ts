@@ -6,6 +6,7 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
+import { createClient } from 'redis';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
 import { InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
@@ -25,6 +26,20 @@ async function grantAndRelease(backend: Backend, key: string, owner: string): Pr
   await backend.release({ key, owner, token: g.token, mode: 'exclusive' });
   return g.token;
 }
+
+/** The backend over each driver: a URL (ioredis, ours) or a node-redis client the user opened (closed by `close`). */
+const drivers = [
+  { name: 'ioredis (url)', open: async (url: string) => ({ backend: redisBackend({ url }), close: async () => {} }) },
+  {
+    name: 'node-redis (client)',
+    open: async (url: string) => {
+      const client = createClient({ url });
+      client.on('error', () => {});
+      await client.connect();
+      return { backend: redisBackend({ client }), close: () => client.close() };
+    },
+  },
+];
 
 describe('redis functions and scripts', () => {
   it('runs through FCALL, and loads the library again after FUNCTION FLUSH and after a restart empty', async () => {
@@ -135,4 +150,69 @@ describe('redis functions and scripts', () => {
       await server.kill();
     }
   });
+  for (const driver of drivers) {
+    it(`${driver.name}: after FUNCTION FLUSH the library is loaded again; after SCRIPT FLUSH EVALSHA falls back to EVAL`, async () => {
+      const server = await startRedis();
+      const noFunctions = await startRedis(['--rename-command', 'FUNCTION', '']);
+      const admin = new Redis(server.url);
+      const admin2 = new Redis(noFunctions.url);
+      const fn = await driver.open(server.url);
+      const sc = await driver.open(noFunctions.url);
+      try {
+        const t1 = await grantAndRelease(fn.backend, 'f', 'a');
+        await admin.call('FUNCTION', 'FLUSH');
+        const before = await commandStats(admin);
+        const t2 = await grantAndRelease(fn.backend, 'f', 'b');
+        const d = delta(before, await commandStats(admin));
+        expect(t2).toBeGreaterThan(t1);
+        expect(d['function|load']).toBe(1); // the ERR reply of the missing function was recognised
+        expect(d.fcall).toBe(3);
+
+        const s1 = await grantAndRelease(sc.backend, 's', 'a'); // finds out there are no Functions
+        await admin2.call('SCRIPT', 'FLUSH');
+        const before2 = await commandStats(admin2);
+        const s2 = await grantAndRelease(sc.backend, 's', 'b');
+        const d2 = delta(before2, await commandStats(admin2));
+        expect(s2).toBeGreaterThan(s1);
+        expect(d2.evalsha).toBe(2); // both answered NOSCRIPT…
+        expect(d2.eval).toBe(2); // …and were sent again with EVAL
+        const s3 = await grantAndRelease(sc.backend, 's', 'c');
+        expect(s3).toBeGreaterThan(s2);
+      } finally {
+        admin.disconnect();
+        admin2.disconnect();
+        await fn.close();
+        await sc.close();
+        await fn.backend.close();
+        await sc.backend.close();
+        await server.kill();
+        await noFunctions.kill();
+      }
+    });
+
+    it(`${driver.name}: an error element inside a batch reply keeps its code (WRONGTYPE → InvalidArgumentError)`, async () => {
+      const server = await startRedis();
+      const admin = new Redis(server.url);
+      const { backend, close } = await driver.open(server.url);
+      try {
+        await grantAndRelease(backend, 'warm', 'w');
+        await admin.set('leasehold:{wrong}', 'a string, not our hash');
+        const results = await Promise.allSettled([
+          ...Array.from({ length: 2 * BATCH_SIZE }, (_, i) => backend.acquire(req(`b/${i}`, `o-${i}`))),
+          backend.acquire(req('wrong', 'o-wrong')), // queued behind the others: goes out inside a batch
+        ]);
+        expect(results.slice(0, -1).every((r) => r.status === 'fulfilled' && r.value.granted)).toBe(true);
+        const wrong = results.at(-1)!;
+        expect(wrong.status).toBe('rejected');
+        expect((wrong as PromiseRejectedResult).reason).toBeInstanceOf(InvalidArgumentError);
+        // alone, too (not batched)
+        await expect(backend.acquire(req('wrong', 'o-wrong-2'))).rejects.toBeInstanceOf(InvalidArgumentError);
+      } finally {
+        admin.disconnect();
+        await close();
+        await backend.close();
+        await server.kill();
+      }
+    });
+  }
 });

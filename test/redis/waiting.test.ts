@@ -4,6 +4,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
+import { createClient } from 'redis';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
 import { Locks } from '../../src/core/locks.js';
 import type { Lease } from '../../src/core/lease.js';
@@ -181,4 +182,55 @@ describe('redis waiting', () => {
     await held.release();
     expect((await waiting).token).toBeGreaterThan(held.token);
   });
+
+  for (const driver of ['ioredis', 'node-redis'] as const) {
+    it(`${driver}: a lost wake-up (the subscriber connection killed while a waiter waits) is made up for by the fallback poll; the subscriber comes back`, async () => {
+      const own = await startRedis();
+      const ownAdmin = new Redis(own.url);
+      // The waiter's client logs in as a user of its own, so its resubscription can be refused: the wake-up is surely lost.
+      await ownAdmin.call('ACL', 'SETUSER', 'waiter', 'on', '>waiter-pw', '~*', '&*', '+@all');
+      const holder = new Locks({ backend: redisBackend({ url: own.url }) });
+      const waiterUrl = own.url.replace('redis://', 'redis://waiter:waiter-pw@'); // node-redis sends AUTH only with a password
+      const nodeClient = driver === 'node-redis' ? createClient({ url: waiterUrl }) : undefined;
+      nodeClient?.on('error', () => {});
+      await nodeClient?.connect();
+      const waiter = new Locks({ backend: nodeClient ? redisBackend({ client: nodeClient }) : redisBackend({ url: waiterUrl }) });
+      try {
+        const held = await holder.acquire('lost-wake', { ttlMs: 60_000 });
+        const waiting = waiter.acquire('lost-wake', { ttlMs: 10_000, waitMs: 60_000 });
+        // Subscribers of the waiter's wake-up channel (the holder never waits: it has none). Counted
+        // per channel: a RESP3 subscriber (node-redis 5+) is not of CLIENT TYPE pubsub.
+        const subscribers = async (): Promise<number> => {
+          const channels = (await ownAdmin.call('PUBSUB', 'CHANNELS', 'leasehold:wake:*')) as string[];
+          if (channels.length === 0) return 0;
+          const counts = (await ownAdmin.call('PUBSUB', 'NUMSUB', ...channels)) as (string | number)[];
+          return counts.filter((_, i) => i % 2 === 1).reduce<number>((a, c) => a + Number(c), 0);
+        };
+        expect(await eventually(async () => (await subscribers()) === 1, 5_000, 20)).toBe(true);
+        await ownAdmin.call('ACL', 'SETUSER', 'waiter', 'resetchannels'); // no SUBSCRIBE any more (and Redis 7 disconnects its subscriber)
+        await ownAdmin.call('CLIENT', 'KILL', 'TYPE', 'pubsub');
+        expect(await eventually(async () => (await subscribers()) === 0, 5_000, 20)).toBe(true);
+        const releasedAt = performance.now();
+        await held.release(); // its PUBLISH reaches nobody
+        const lease = await waiting;
+        // Granted by the waiter asking again (every 500 ms while subscribed), long before the holder's
+        // 60 s ttl or the waiter's 60 s waitMs; the bound is generous for a noisy machine.
+        expect(performance.now() - releasedAt).toBeLessThan(10_000);
+        expect(lease.token).toBeGreaterThan(held.token);
+        expect(await subscribers()).toBe(0); // still no subscriber: no notification did it
+        await lease.release();
+        // Allowed again: after its next reconnection the subscriber is back on its channel (resubscribed by us, the refusal above never unhandled).
+        await ownAdmin.call('ACL', 'SETUSER', 'waiter', 'allchannels');
+        await ownAdmin.call('CLIENT', 'KILL', 'USER', 'waiter');
+        expect(await eventually(async () => (await subscribers()) === 1, 10_000, 50)).toBe(true);
+      } finally {
+        await holder.close();
+        await waiter.close();
+        await nodeClient?.close().catch(() => {});
+        ownAdmin.disconnect();
+        await own.kill();
+      }
+    });
+  }
+
 });
