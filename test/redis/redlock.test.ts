@@ -244,11 +244,14 @@ describe('redlock failures', () => {
         expect(g2.token).toBeGreaterThan(g1.token);
         expect((await backend.renew({ key: 'flush', owner: 'b', token: g2.token, mode: 'exclusive', ttlMs: 5_000 })).renewed).toBe(true);
         await backend.release({ key: 'flush', owner: 'b', token: g2.token, mode: 'exclusive' });
-        // Every server got acquire, commit, renew and release; each script answered NOSCRIPT once
-        // and ran through EVAL (a call answered after the quorum's may still be on its way: wait for it).
+        // Every server answered NOSCRIPT and ran the script through EVAL, which cached it again: each
+        // of the four scripts (acquire, commit, renew, release) falls back at most once per server.
+        // Under load a call to a server slower than the quorum can time out (the operation went ahead
+        // without it), so a server can count fewer than four (and a late call may still be on its way).
         const evals = async (): Promise<number[]> => Promise.all(admins.map(async (a, i) => delta(before[i]!, await commandStats(a)).eval ?? 0));
-        expect(await eventually(async () => (await evals()).every((n) => n >= 4), 5_000, 50)).toBe(true);
-        expect(await evals()).toEqual([4, 4, 4]);
+        expect(await eventually(async () => (await evals()).every((n) => n >= 1), 5_000, 50)).toBe(true);
+        for (const n of await evals()) expect(n).toBeLessThanOrEqual(4);
+        expect((await evals()).reduce((a, b) => a + b, 0)).toBeGreaterThanOrEqual(8); // at least a quorum (2 of 3) answered each of the four calls
         const g3 = await backend.acquire(req('flush', 'c'));
         expect(g3.granted).toBe(true);
       } finally {
