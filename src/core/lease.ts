@@ -18,7 +18,12 @@ export interface Lease extends AsyncDisposable {
   readonly sequencer: string;
   /** The ttl the coordinator applied (a backend with a minimum lease rounds up). */
   readonly ttlMs: number;
-  /** Aborted, with a `LeaseLostError` as its reason, when the lease is lost (I6). Not aborted by `release()`. */
+  /**
+   * Aborted, with a `LeaseLostError` as its reason, when the lease is lost (I6). Not aborted by
+   * `release()`. Each read checks local validity first and can abort it there and then: to check it
+   * and then listen, read it once (`const signal = lease.signal`), or a freeze between two reads
+   * leaves the listener on an aborted signal, never run.
+   */
   readonly signal: AbortSignal;
   /** True while neither released nor lost and local validity has not run out. */
   readonly held: boolean;
@@ -317,6 +322,26 @@ export class LeaseImpl implements Lease {
   toJSON(): { key: string; token: string; mode: LockMode; sequencer: string } {
     return { key: this.key, token: this.token.toString(), mode: this.mode, sequencer: this.sequencer };
   }
+}
+
+/**
+ * Runs `listener` once when `lease` is lost: at once if it already is, else on the abort. Returns
+ * the function that stops watching.
+ *
+ * It reads `lease.signal` once. Each read makes the loss of a lease whose validity ran out official
+ * there and then (see `#sync`), so `if (lease.signal.aborted) … else lease.signal.addEventListener(…)`
+ * reads it twice: a freeze between the two reads (SIGSTOP, a blocked loop) has the second read
+ * abort the signal and then add the listener to an aborted signal, where it never runs.
+ */
+export function onLoss(lease: Lease, listener: (reason: LeaseLostError) => void): () => void {
+  const signal = lease.signal;
+  const run = (): void => listener(signal.reason as LeaseLostError);
+  if (signal.aborted) {
+    run();
+    return () => {};
+  }
+  signal.addEventListener('abort', run, { once: true });
+  return () => signal.removeEventListener('abort', run);
 }
 
 /** Bounds a coordinator call; a late answer is left to `onLate` (e.g. release a grant nobody waits for). */

@@ -18,8 +18,8 @@
  */
 import { backendLoader } from '../connect.js';
 import type { Backend } from '../core/backend.js';
-import { LeaseLostError, StaleTokenError } from '../core/errors.js';
-import type { Lease } from '../core/lease.js';
+import { StaleTokenError } from '../core/errors.js';
+import { onLoss, type Lease } from '../core/lease.js';
 import { Locks } from '../core/locks.js';
 import { adjustableClock } from './clock.js';
 import { MUTANT_ENV, runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
@@ -148,15 +148,12 @@ async function main(): Promise<void> {
       current = entry;
       emit({ type: 'granted', op, token, ttlMs: lease.ttlMs });
       emit({ type: 'validity', token, until: entry.due! });
-      const onLost = (): void => {
+      // A freeze can land anywhere, even here (the harness pauses a worker the moment it reports a
+      // grant): onLoss looks at the signal once, so a loss that look makes official still reaches us.
+      onLoss(lease, (error) => {
         const at = now();
-        const reason = lease.signal.reason instanceof LeaseLostError ? lease.signal.reason.reason : 'unknown';
-        emit({ type: 'lost', token, reason, due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) });
-      };
-      // A freeze can land anywhere, even here: a lease whose validity ran out meanwhile is already
-      // lost when we first look at its signal, and an abort listener added now would never run.
-      if (lease.signal.aborted) onLost();
-      else lease.signal.addEventListener('abort', onLost, { once: true });
+        emit({ type: 'lost', token, reason: error.reason, due: entry.due, running: entry.due === null ? true : ranAfter(entry.due, at) });
+      });
 
       let read = 0;
       let readOk = true;

@@ -8,6 +8,7 @@ import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.
 import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
+import { onLoss, type Lease } from '../../src/core/lease.js';
 import { Locks, WAITING } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
 
@@ -402,6 +403,61 @@ describe('code that resumes before the overdue timers', () => {
     expect((lease.signal.reason as LeaseLostError).reason).toBe('expired');
     await lease.release();
     expect(lost).toEqual(['expired']);
+  });
+
+  it('onLoss: a freeze right after the first look at the lease still ends in the listener, exactly once', async () => {
+    // The process freezes past the ttl right after its first clock reading once `freeze` is set:
+    // what `leasehold verify` does to a worker when it pauses it the moment it reports a grant.
+    const now = { t: 0 };
+    let freeze = false;
+    const clock: Clock = {
+      now: () => {
+        const t = now.t;
+        if (freeze) {
+          freeze = false;
+          now.t += 1_000;
+        }
+        return t;
+      },
+      setTimeout: () => ({}),
+      clearTimeout: () => {},
+    };
+    const locks = new Locks({ backend: memoryBackend({ clock }), clock });
+    const watch = async (key: string): Promise<{ lease: Lease; calls: string[] }> => {
+      const lease = await locks.acquire(key, { ttlMs: 100 });
+      const calls: string[] = [];
+      freeze = true;
+      onLoss(lease, (reason) => calls.push(reason.reason));
+      return { lease, calls };
+    };
+
+    // Control: the idiom onLoss must not use. Its first look sees a valid lease; its second finds
+    // the validity gone, aborts the signal, and only then adds the listener, which never runs.
+    const a = await locks.acquire('a', { ttlMs: 100 });
+    const missed: string[] = [];
+    freeze = true;
+    if (a.signal.aborted) missed.push('at once');
+    else a.signal.addEventListener('abort', () => missed.push('listener'), { once: true });
+    expect(a.signal.aborted).toBe(true);
+    expect(missed).toEqual([]);
+
+    const b = await watch('b');
+    expect(b.lease.held).toBe(false); // the next look (or the overdue timer) makes the loss official
+    await b.lease.release();
+    expect(b.calls).toEqual(['expired']);
+
+    // Already lost when watched: the listener runs at once. Watched, then unwatched: it never runs.
+    const c = await locks.acquire('c', { ttlMs: 100 });
+    now.t += 1_000;
+    const cCalls: string[] = [];
+    onLoss(c, (reason) => cCalls.push(reason.reason));
+    expect(cCalls).toEqual(['expired']);
+    const d = await locks.acquire('d', { ttlMs: 100 });
+    const dCalls: string[] = [];
+    onLoss(d, () => dCalls.push('unwatched'))();
+    now.t += 1_000;
+    expect(d.held).toBe(false);
+    expect(dCalls).toEqual([]);
   });
 
   it('withLock reports the loss even when fn returns before any timer ran', async () => {
