@@ -6,8 +6,8 @@
  */
 import { readSync } from 'node:fs';
 import Database from 'better-sqlite3';
-import { LeaseLostError, StaleTokenError } from '../core/errors.js';
-import type { Lease } from '../core/lease.js';
+import { StaleTokenError } from '../core/errors.js';
+import { onLoss, type Lease } from '../core/lease.js';
 import { createLocks } from '../index.js';
 import { sqliteFence } from '../sqlite/index.js';
 import type { SqliteDatabase } from '../sqlite/util.js';
@@ -70,14 +70,10 @@ async function main(): Promise<void> {
   };
 
   const watch = (l: Lease): void => {
-    l.signal.addEventListener('abort', () => {
-      const reason = l.signal.reason as unknown;
-      void send({
-        ev: 'lost',
-        reason: reason instanceof LeaseLostError ? reason.reason : 'unknown',
-        message: reason instanceof Error ? reason.message : String(reason),
-      });
-    }, { once: true });
+    // onLoss reads l.signal once, so a lease already lost when we start watching is reported too.
+    onLoss(l, (reason) => {
+      void send({ ev: 'lost', reason: reason.reason, message: reason.message });
+    });
   };
 
   /** The save. Note what is not here: no second look at lease.signal — the check came before. */

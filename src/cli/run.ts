@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { AcquireTimeoutError, describeLoss, LeaseLostError } from '../core/errors.js';
-import type { Lease } from '../core/lease.js';
+import { onLoss, type Lease } from '../core/lease.js';
 import type { Locks } from '../core/locks.js';
 import type { LockMode } from '../core/validate.js';
 import { createLocks } from '../index.js';
@@ -116,11 +116,13 @@ export async function runCommand(o: RunOptions, warn: (line: string) => void): P
           running.kill('SIGKILL');
         }, o.graceMs);
       };
-      lease.signal.addEventListener('abort', onLost, { once: true });
+      // onLoss reads lease.signal once: a loss that the read itself makes official (validity ran out
+      // while COMMAND was being spawned, or during a freeze) still reaches onLost.
+      const unwatch = onLoss(lease, onLost);
 
       const outcome = await started.outcome;
       childExited = true;
-      lease.signal.removeEventListener('abort', onLost);
+      unwatch();
       if (graceTimer) clearTimeout(graceTimer);
       process.off('exit', killOnExit);
 
