@@ -77,6 +77,26 @@ describe('leasehold demo', () => {
     expect(demoTempDirs()).toEqual([]);
   });
 
+  for (const [what, args, ttl, pause] of [
+    ['npm start (the defaults: ttl 1s, pause 1.2s)', [], '1s', '1.2s'],
+    ['the literal story: --ttl 10s --pause 12s', ['--ttl', '10s', '--pause', '12s'], '10s', '12s'],
+  ] as const) {
+    it(`${what}: the overwrite without a fence, the refusal with one, exit 0`, async () => {
+      const r = await runCli(['demo', ...args], sb, { timeoutMs: 150_000 });
+      expect(r.stderr).toBe('');
+      expect(r.code).toBe(0);
+      const { unfenced, fenced } = sections(r.stdout);
+      for (const section of [unfenced, fenced]) {
+        expect(section).toContain(`SIGSTOP A: frozen for ${pause} between its check and its write (ttl ${ttl})`);
+        expect(section).toContain(`SIGCONT A after ${pause}`);
+      }
+      expect(unfenced).toMatch(/verdict: LOST UPDATE/);
+      expect(fenced).toMatch(/A\s+fence\.write\("doc:42", token 3\) -> REFUSED: StaleTokenError/);
+      expect(fenced).toMatch(/verdict: SAFE/);
+      expect(demoTempDirs()).toEqual([]);
+    }, 180_000);
+  }
+
   it('fails (exit 1, why on stderr) when the fenced run lets A write without the fence: the verdict is not hard-coded', async () => {
     const r = await runCli(['demo', '--ttl', '300ms', '--pause', '700ms'], sb, { timeoutMs: 90_000, env: { LEASEHOLD_DEMO_MUTANT: 'unfenced-a' } });
     expect(r.code).toBe(1);
