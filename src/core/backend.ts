@@ -102,6 +102,12 @@ export interface RenewRequest {
   readonly token: bigint;
   readonly mode: LockMode;
   readonly ttlMs: number;
+  /**
+   * The grant's lock-delay and label, as in its AcquireRequest (core always sends them), for a
+   * backend that may have to record the holder again where a server lost it (Redlock).
+   */
+  readonly lockDelayMs?: number;
+  readonly holder?: string;
 }
 
 export type RenewResult = { readonly renewed: true; readonly ttlMs: number } | { readonly renewed: false };

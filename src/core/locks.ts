@@ -422,7 +422,7 @@ export class Locks {
       session?.keeper ??
       new Keeper(
         this.#ctx,
-        (ttl) => backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl }),
+        (ttl) => backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl, lockDelayMs: o.lockDelayMs, holder: this.#holder }),
         sentAt,
         ttlMs,
         o.autoRenew,

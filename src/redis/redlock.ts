@@ -293,23 +293,6 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
   const n = nodes.length;
   const quorum = Math.floor(n / 2) + 1;
   let closed = false;
-  /**
-   * What a renewal needs to record a holder again, identically, on a server that lost it (restarted
-   * empty): the lock-delay and label of each lease granted here, by owner (unique per lease). Kept
-   * until released or refused; a lease lost without either is dropped once its ttl has run out
-   * for good (swept when new grants are recorded).
-   */
-  const granted = new Map<string, { lockDelay: string; label: string; until: number }>();
-  let sweepAt = 0;
-  const remember = (req: AcquireRequest): void => {
-    const now = performance.now();
-    if (granted.size >= 1_000 && now >= sweepAt) {
-      sweepAt = now + 1_000;
-      for (const [owner, g] of granted) if (g.until < now) granted.delete(owner);
-    }
-    granted.set(req.owner, { lockDelay: String(req.lockDelayMs), label: req.holder, until: now + 2 * req.ttlMs });
-  };
-
   const keysOf = (key: string): [string, string, string] => {
     const meta = `${prefix}{${encodeKey(key)}}`;
     return [meta, `${meta}:h`, `${meta}:q`];
@@ -399,7 +382,6 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         const validity = req.ttlMs - elapsed - (req.ttlMs * REDLOCK_DEFAULTS.driftFactor + 2);
         if (accepted >= quorum) {
           if (validity <= 0) break;
-          remember(req);
           return { granted: true, token: proposal, ttlMs: req.ttlMs };
         }
         const higher = commits.filter((x) => x.ok && int(x.value[0]) === 0).map((x) => (x.ok ? BigInt(String(x.value[1])) : 0n));
@@ -417,10 +399,9 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async renew(req: RenewRequest): Promise<RenewResult> {
       ensureOpen();
       const keys = keysOf(req.key);
-      const g = granted.get(req.owner);
-      // A lease granted by another backend object (no record here) is re-recorded without lock-delay or label.
-      if (g) g.until = performance.now() + 2 * req.ttlMs;
-      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', g?.lockDelay ?? '0', g?.label ?? '', retain];
+      // The grant's lock-delay and label (core sends them with every renewal): a server that lost the
+      // holder (restarted empty) records it again exactly as granted.
+      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', String(req.lockDelayMs ?? 0), req.holder ?? '', retain];
       const outs = await gather<number>(n, (i) => on(i, 'renew', NODE_RENEW, keys, args), (xs) => {
         const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
         const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
@@ -429,16 +410,12 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       const ok = outs.filter((x) => x.ok && int(x.value) === 1).length;
       if (ok >= quorum) return { renewed: true, ttlMs: req.ttlMs };
       const refused = outs.filter((x) => x.ok && int(x.value) !== 1).length;
-      if (refused > n - quorum) {
-        granted.delete(req.owner);
-        return { renewed: false };
-      }
+      if (refused > n - quorum) return { renewed: false };
       throw unavailable('renew', outs);
     },
 
     async release(req: ReleaseRequest): Promise<void> {
       ensureOpen();
-      granted.delete(req.owner);
       const answered = await releaseAll(req);
       if (answered < quorum) throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
     },
@@ -502,7 +479,6 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async close() {
       if (closed) return;
       closed = true;
-      granted.clear();
       await Promise.all(nodes.map((c) => c.close()));
     },
   };

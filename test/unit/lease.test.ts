@@ -165,6 +165,21 @@ describe('Lease on an injected clock', () => {
     expect((await waiting).token).toBeGreaterThan(lease.token);
   });
 
+  it('a renewal carries the grant\'s lock-delay and label (a backend may have to record the holder again)', async () => {
+    const sent: RenewRequest[] = [];
+    const backend: Backend = Object.create(coordinator, {
+      renew: { value: (req: RenewRequest) => (sent.push(req), coordinator.renew(req)) },
+    }) as Backend;
+    const locks = newLocks(backend);
+    const lease = await locks.acquire('k', { ttlMs: 900, lockDelayMs: 250 });
+    await lease.renew();
+    clock.advance(300); // and the background renewal at ttl/3
+    await flush();
+    expect(sent.length).toBeGreaterThanOrEqual(2);
+    for (const req of sent) expect(req).toMatchObject({ key: 'k', token: lease.token, ttlMs: 900, lockDelayMs: 250, holder: 'unit' });
+    await lease.release();
+  });
+
   it('a renewal answered "not held" loses the lease at once', async () => {
     const { backend, control } = faulty(coordinator);
     const locks = newLocks(backend);
