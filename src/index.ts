@@ -33,7 +33,7 @@ export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, ty
 export type { Fence } from './core/fence.js';
 export type {
   Backend, BackendCapabilities, AcquireRequest, AcquireResult, RenewRequest, RenewResult, ReleaseRequest, SessionSupport,
-  KeyState, HolderState,
+  KeyState, HolderState, HandOff,
 } from './core/backend.js';
 export type { LockEvents, LockEventName } from './core/events.js';
 export { systemClock, manualClock, skewedClock, type Clock, type ManualClock, type TimerHandle } from './core/clock.js';

@@ -36,10 +36,20 @@ export interface Backend {
    * No lost wake-ups: when the busy answer carried a `cursor`, the backend fires `onChange` at once
    * if the key changed after that answer; without a cursor, core re-checks right after
    * subscribing. Core still re-checks at a bounded interval in case a notification is lost.
+   *
+   * Hand-off: a fair backend with sessions may grant the key itself to a queued waiter that asked
+   * with a session (when the holder ahead releases) and pass that grant to `onChange`. The grant is
+   * bound to that session, as if the waiter's own acquire had returned it. Core takes it only if it
+   * names the session of the waiter's latest request and its token is above every token this wait
+   * has seen; otherwise it asks again, and the backend answers an owner that already holds the key
+   * with that grant (bound to the session it asks with then).
    */
-  subscribe?(key: string, onChange: () => void, cursor?: unknown): Promise<() => void>;
+  subscribe?(key: string, onChange: (handOff?: HandOff) => void, cursor?: unknown): Promise<() => void>;
 
-  /** Removes `owner` from the key's wait queue (fair backends); idempotent, best effort. */
+  /**
+   * Removes `owner` from the key's wait queue (fair backends), and gives back a hand-off granted to
+   * it that core did not take; idempotent, best effort.
+   */
   cancelWait?(request: { key: string; owner: string }): Promise<void>;
 
   /**
@@ -48,6 +58,13 @@ export interface Backend {
    * removes only that lease; the session ending frees all of them.
    */
   sessions?: SessionSupport;
+}
+
+/** A grant the backend made on its own to a queued, session-bound waiter (see `Backend.subscribe`). */
+export interface HandOff {
+  readonly token: bigint;
+  /** The session the grant is bound to. */
+  readonly session: string;
 }
 
 export interface BackendCapabilities {

@@ -1,5 +1,5 @@
 import { hostname } from 'node:os';
-import type { AcquireResult, Backend, KeyState } from './backend.js';
+import type { AcquireResult, Backend, HandOff, KeyState } from './backend.js';
 import { fullJitter, pause } from './backoff.js';
 import { systemClock, type Clock, type TimerHandle } from './clock.js';
 import { AcquireTimeoutError, InvalidArgumentError, LeaseholdError, LeaseLostError } from './errors.js';
@@ -296,6 +296,12 @@ export class Locks {
     let changed = false;
     let wakeCurrent: (() => void) | undefined;
     let queued = false;
+    // A hand-off passed to the wake-up hook (see Backend.subscribe), the highest token this wait has
+    // seen (a hand-off at or below it is stale), and the session of the latest request, held (kept
+    // from its idle close) until this call settles: a queued waiter may be granted to it at any time.
+    let handOff: HandOff | undefined;
+    let highest = -1n;
+    let held: Session | undefined;
     // A grant whose answer came after we stopped listening belongs to nobody and is given back, unless
     // it is the very grant this call ended with: a retry with the same owner gets an earlier grant
     // back (same token), and giving that one back would release the caller's lease behind its back.
@@ -315,30 +321,37 @@ export class Locks {
     try {
       for (;;) {
         if (signal.aborted) giveUp(signal.reason);
+        if (handOff) {
+          const h = handOff;
+          handOff = undefined;
+          if (held && h.session === held.id && h.token > highest && !held.keeper.lost && !held.keeper.stopped && !this.#closing.signal.aborted) {
+            queued = false;
+            kept = h.token;
+            return this.#grant(backend, key, owner, o, h.token, ttlMs, clock.now(), start, held);
+          }
+          // Not one we can take as it is: ask again (an owner that holds is answered with its grant).
+        }
         let session: Session | undefined;
         let result: AcquireResult | undefined;
         const sentAt = clock.now();
         try {
           session = useSession ? (this.#open.get(ttlMs) ?? (await this.#session(backend, ttlMs))) : undefined;
-          if (session) session.pending++;
-          try {
-            result = await withTimeout(
-              backend.acquire({ key, owner, mode: o.mode, ttlMs, lockDelayMs: o.lockDelayMs, holder: this.#holder, queue, queueTtlMs: WAITING.queueTtlMs, session: session?.id }),
-              clock,
-              this.#operationTimeoutMs,
-              'acquire',
-              (answer) => {
-                if (!answer.granted) return;
-                if (settled) giveBack(answer.token);
-                else late.push(answer.token);
-              },
-            );
-          } finally {
-            if (session) {
-              session.pending--;
-              if (session.keeper.leases.size === 0) this.#armIdle(backend, ttlMs, session);
-            }
+          if (session !== held) {
+            if (held) this.#unhold(backend, ttlMs, held);
+            if (session) session.pending++;
+            held = session;
           }
+          result = await withTimeout(
+            backend.acquire({ key, owner, mode: o.mode, ttlMs, lockDelayMs: o.lockDelayMs, holder: this.#holder, queue, queueTtlMs: WAITING.queueTtlMs, session: session?.id }),
+            clock,
+            this.#operationTimeoutMs,
+            'acquire',
+            (answer) => {
+              if (!answer.granted) return;
+              if (settled) giveBack(answer.token);
+              else late.push(answer.token);
+            },
+          );
           if (queue) queued = true;
           lastError = undefined;
         } catch (error) {
@@ -348,6 +361,7 @@ export class Locks {
         }
 
         if (result?.granted) {
+          if (result.token > highest) highest = result.token;
           if (session?.keeper.lost || this.#closing.signal.aborted) {
             // The session died (or we were closed) while the grant was on the wire: hand it back and try again.
             await withTimeout(backend.release({ key, owner, token: result.token, mode: o.mode }), clock, this.#operationTimeoutMs, 'release').catch(() => {});
@@ -375,7 +389,8 @@ export class Locks {
           try {
             // Bounded like every coordinator call; a subscription that arrives too late is ended at once.
             unsubscribe = await withTimeout(
-              backend.subscribe(key, () => {
+              backend.subscribe(key, (h) => {
+                if (h) handOff = h;
                 changed = true;
                 wakeCurrent?.();
               }, lastBusy?.cursor),
@@ -413,7 +428,14 @@ export class Locks {
       for (const token of late) giveBack(token);
       unsubscribe?.();
       if (queued && backend.cancelWait) void backend.cancelWait({ key, owner }).catch(() => {});
+      if (held) this.#unhold(backend, ttlMs, held);
     }
+  }
+
+  /** Ends an acquire's hold on its session; an empty session starts its idle period. */
+  #unhold(backend: Backend, ttlMs: number, session: Session): void {
+    session.pending--;
+    if (session.keeper.leases.size === 0) this.#armIdle(backend, ttlMs, session);
   }
 
   #grant(backend: Backend, key: string, owner: string, o: ResolvedAcquire, token: bigint, ttlMs: number, sentAt: number, start: number, session: Session | undefined): LeaseImpl {

@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type {
-  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
+  AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
 } from '../core/backend.js';
 import { BackendUnavailableError, InvalidArgumentError } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, MAX_DURATION_MS } from '../core/validate.js';
@@ -99,7 +99,8 @@ end
 //                  lock-delay, `q` while the queue may be non-empty and `d` while a lock-delay
 //                  may run; absent when none of them is so
 //   queue   zset  owner by arrival sequence                               (only while someone waits)
-//   waiters hash  <owner> = mode|expiresAt|wakeId|channel for each waiter  (only while someone waits)
+//   waiters hash  <owner> = mode|expiresAt|wakeId|lockDelayMs|session|#channel|channel label
+//                  for each waiter (only while someone waits)
 // The hint is exact where the fast paths rely on it: `s` absent means no holder field at all (live
 // or expired), no queue entry and no lock-delay, so the key is free (one HMGET of `t` and `s`
 // tells); `s` = 1 means one holder without lock-delay, nobody waits, no lock-delay runs. Every
@@ -123,6 +124,12 @@ end
  * it removed a holder (then the caller runs gc: a key kept for a holder now gone gets its TTL).
  * gc: key TTLs from the live holders: none while a session-bound holder lives (the session decides
  * its end), else the latest expiry plus lock-delay, plus `retain` for the counter.
+ * hand_off: serves the queue once the key may have become free (release, cancel, a shared grant):
+ * while the head waiter is compatible with the live holders and no lock-delay runs, a head that
+ * asked with a live session is granted here (holder bound to that session, token raised as in
+ * acquire) and its message is `wakeId|token|session`; the first head that cannot be granted so (no
+ * session, or its session is gone) is only told to ask (`wakeId`), and the loop stops. Returns
+ * whether the queue is empty. The caller writes `s` back.
  */
 const BACKEND_HELPERS = `
 local function clock_us()
@@ -206,9 +213,13 @@ end
 local function waiter(wk, owner)
   local v = redis.call('HGET', wk, owner)
   if not v then return nil end
-  local m, exp, wake, ch = string.match(v, '^(%a)|(%d+)|([^|]*)|(.*)$')
+  local m, exp, wake, ld, ses, n, rest = string.match(v, '^(%a)|(%d+)|([^|]*)|(%d+)|([^|]*)|(%d+)|(.*)$')
   if not m then return nil end
-  return { owner = owner, mode = m, exp = tonumber(exp), wake = wake, ch = ch }
+  n = tonumber(n)
+  return { owner = owner, mode = m, exp = tonumber(exp), wake = wake, ld = tonumber(ld), ses = ses, ch = string.sub(rest, 1, n), label = string.sub(rest, n + 1) }
+end
+local function waiter_record(mode, exp, wake, ld, ses, ch, label)
+  return mode .. '|' .. num(exp) .. '|' .. wake .. '|' .. ld .. '|' .. ses .. '|' .. #ch .. '|' .. ch .. label
 end
 local function drop_waiter(qk, wk, owner)
   redis.call('ZREM', qk, owner)
@@ -242,10 +253,25 @@ local function clear_ahead(qk, wk, owner, mode, queued, now)
     start = start + kept
   end
 end
-local function wake_head(qk, wk, live, d, now)
-  local w = head(qk, wk, now)
-  if w and d <= now and w.wake ~= '' and compatible(live, w.mode) then redis.call('PUBLISH', w.ch, w.wake) end
-  return w == nil
+local function hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
+  while true do
+    local w = head(qk, wk, now)
+    if not w then return true end
+    if d > now or w.wake == '' or not compatible(live, w.mode) then return false end
+    local sexp = -1
+    if w.ses ~= '' then sexp = session_expiry(sp, w.ses) end
+    if sexp <= now then
+      redis.call('PUBLISH', w.ch, w.wake)
+      return false
+    end
+    local h = { owner = w.owner, mode = w.mode, tok = next_token(f.t, now_us, now_us_s), exp = 0, ld = w.ld, ses = w.ses, label = w.label }
+    f.t = h.tok
+    live[#live + 1] = h
+    redis.call('HSET', lk, 't', h.tok, 'h:' .. w.owner, holder_record(h))
+    session_lock_delay(sp .. w.ses, sexp, w.ld)
+    drop_waiter(qk, wk, w.owner)
+    redis.call('PUBLISH', w.ch, w.wake .. '|' .. h.tok .. '|' .. w.ses)
+  end
 end
 local function gc(lk, qk, wk, live, d, now, retain, queue_empty)
   local horizon = now
@@ -277,6 +303,8 @@ end
  * retain[, queueTtl, wake channel ('' when this client cannot be told)] — the last two only when
  * the caller will wait (it is then enqueued).
  * Returns the token (a string: granted) | {'B', holderLabel, retryInMs or ''} | {'L'} (session gone).
+ * An owner that holds already (an answer it missed, or a hand-off it did not take) gets its grant
+ * back, bound to the session it asks with now.
  *
  * Fast path, the common case: the key is free (no `s`): TIME, [session HGET], HMGET of counter and
  * state, one HSET of counter, state and holder, and one TTL command (PERSIST when the key existed,
@@ -285,7 +313,8 @@ end
  * release: compare-and-delete on owner and token. A holder without lock-delay is deleted whether
  * or not it expired (a release and an expiry then end the same way, so its expiry need not be
  * judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
- * which starts its lock-delay, I8). Then the head waiter, and only it, is told it may go.
+ * which starts its lock-delay, I8). Then the queue is served from its head (hand_off: the head
+ * waiter is granted the key, or told it may go).
  * KEYS: lock. ARGV: owner, token, retain. Returns 1 if released.
  * Fast path: the only holder, without lock-delay, nobody waiting (`s` = 1): HMGET, the token
  * compared in place, one HDEL of holder and state, and for a session-bound holder one PEXPIRE (the key lives `retain` for its
@@ -295,8 +324,9 @@ end
  * (a lease bound to a session extends its session instead).
  * KEYS: lock. ARGV: owner, token, ttl, retain. Returns 1 if renewed.
  *
- * cancel: leaves the wait queue; if the leaver was at the head, the new head may go now: tell it.
- * KEYS: lock. ARGV: owner, retain. Returns 1 if a place was removed.
+ * cancel: leaves the wait queue, and gives back a grant that a hand-off made to this place and the
+ * waiter did not take; then the queue is served from its head (hand_off).
+ * KEYS: lock. ARGV: owner, retain. Returns 1 if a place or a handed grant was removed.
  *
  * inspect: state of one lock (purging what expired). KEYS: lock. ARGV: retain.
  * Returns {lastToken, lockDelayRemaining, waiters, then mode, token, expiresIn, label per holder}.
@@ -345,10 +375,16 @@ local live, d, f = purge(lk, sp, now)
 local has_queue = queued_hint(f)
 for _, h in ipairs(live) do
   if h.owner == owner then
-    if h.ses == '' then
-      h.exp = now + ttl
-      redis.call('HSET', lk, 'h:' .. owner, holder_record(h))
+    -- it holds already: an answer it missed, or a hand-off (granted to its place in the queue) that
+    -- it did not take; the grant is bound to the session it asks with now
+    local rebound = h.ses ~= ses
+    if rebound then
+      h.ses = ses
+      h.exp = 0
+      if ses ~= '' then session_lock_delay(sk, sexp, h.ld) end
     end
+    if ses == '' then h.exp = now + ttl end
+    if rebound or ses == '' then redis.call('HSET', lk, 'h:' .. owner, holder_record(h)) end
     gc(lk, qk, wk, live, d, now, retain, not has_queue)
     return h.tok
   end
@@ -361,10 +397,11 @@ if clear then
   local h = { owner = owner, mode = mode, tok = next_token(f.t, now_us, now_us_s), exp = 0, ld = ld, ses = ses, label = label }
   if ses == '' then h.exp = now + ttl else session_lock_delay(sk, sexp, ld) end
   live[#live + 1] = h
+  f.t = h.tok
   redis.call('HSET', lk, 't', h.tok, 'h:' .. owner, holder_record(h))
   if queued and not queue_empty and redis.call('ZREM', qk, owner) == 1 then
     redis.call('HDEL', wk, owner)
-    if mode == 's' then queue_empty = wake_head(qk, wk, live, d, now)
+    if mode == 's' then queue_empty = hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
     else queue_empty = redis.call('ZCARD', qk) == 0 end
   end
   store_state(lk, f, state(live, not queue_empty, d > now))
@@ -376,7 +413,7 @@ if queued then
     redis.call('ZADD', qk, num(redis.call('HINCRBY', lk, 'qs', 1)), owner)
   end
   local ch = ARGV[9]
-  redis.call('HSET', wk, owner, mode .. '|' .. num(now + tonumber(ARGV[8])) .. '|' .. wake_id(owner, ch) .. '|' .. ch)
+  redis.call('HSET', wk, owner, waiter_record(mode, now + tonumber(ARGV[8]), wake_id(owner, ch), ARGV[4], ses, ch, label))
   queue_empty = false
 end
 store_state(lk, f, state(live, not queue_empty, d > now))
@@ -414,7 +451,7 @@ end
 local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
 if tok and tok ~= token then return 0 end
 local qk, wk, sp = other_keys(lk)
-local now = clock()
+local now, now_us, now_us_s = clock_us()
 local released = 0
 if ld == '0' then
   redis.call('HDEL', lk, hf)
@@ -433,8 +470,8 @@ end
 local live, d, f = purge(lk, sp, now)
 local queue_empty = true
 if queued_hint(f) then
-  queue_empty = wake_head(qk, wk, live, d, now)
-  if queue_empty then store_state(lk, f, state(live, false, d > now)) end
+  queue_empty = hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
+  store_state(lk, f, state(live, not queue_empty, d > now))
 end
 gc(lk, qk, wk, live, d, now, tonumber(ARGV[3]), queue_empty)
 return released`,
@@ -470,19 +507,18 @@ return 1`,
 local lk = KEYS[1]
 local owner, retain = ARGV[1], tonumber(ARGV[2])
 local qk, wk, sp = other_keys(lk)
-if not redis.call('ZSCORE', qk, owner) then
+-- a hand-off may have granted the key to this place after the waiter stopped listening: give it back
+local handed = redis.call('HDEL', lk, 'h:' .. owner) == 1
+if not handed and not redis.call('ZSCORE', qk, owner) then
   redis.call('HDEL', wk, owner)
   return 0
 end
-local now = clock()
-local first = head(qk, wk, now)
+local now, now_us, now_us_s = clock_us()
 drop_waiter(qk, wk, owner)
-local live, d, f, purged = purge(lk, sp, now)
-local queue_empty
-if first and first.owner == owner then queue_empty = wake_head(qk, wk, live, d, now)
-else queue_empty = redis.call('ZCARD', qk) == 0 end
-if queue_empty then store_state(lk, f, state(live, false, d > now)) end
-if purged then gc(lk, qk, wk, live, d, now, retain, queue_empty) end
+local live, d, f = purge(lk, sp, now)
+local queue_empty = hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
+store_state(lk, f, state(live, not queue_empty, d > now))
+gc(lk, qk, wk, live, d, now, retain, queue_empty)
 return 1`,
 
   inspect: `
@@ -556,9 +592,11 @@ export const REDIS_LIBRARY = new LuaLibrary('leasehold', `${LUA_PRELUDE}${BACKEN
  *   runs ahead of TIME when one key is granted more than once per microsecond, which one script
  *   per grant cannot do.)
  * - Waiting without polling: a waiter is enqueued by its busy answer with this client's channel;
- *   release, cancel and shared hand-offs PUBLISH to the head waiter only (no herd). FIFO, and a
- *   releaser or a `tryAcquire` cannot barge past waiters. Expiry has no event in Redis: the busy
- *   answer's `retryInMs` and core's bounded re-check cover it and lost messages.
+ *   release, cancel and shared grants serve the head waiter only (no herd): one that asked with a
+ *   session is granted the key in that same call and its message carries the grant (see
+ *   `Backend.subscribe`), so a hand-off is one hop; any other is told to ask. FIFO, and a releaser
+ *   or a `tryAcquire` cannot barge past waiters. Expiry has no event in Redis: the busy answer's
+ *   `retryInMs` and core's bounded re-check cover it and lost messages.
  * - Sessions: one keep-alive per client and ttl keeps all of its leases (a lock refers to its
  *   session; a lock whose session is gone is free). Single node only (see `sessions`).
  */
@@ -665,7 +703,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       await run('cancel wait', 'cancel', [lockKey(key)], [owner, retain]);
     },
 
-    async subscribe(_key: string, onChange: () => void, cursor?: unknown) {
+    async subscribe(_key: string, onChange: (handOff?: HandOff) => void, cursor?: unknown) {
       ensureOpen();
       // Only queued waiters are told (the head, on its own channel); others poll with backoff.
       if (!isWakeCursor(cursor)) throw new BackendUnavailableError('redis', 'wake-ups are sent to queued (fair) waiters only; polling instead');
@@ -749,14 +787,15 @@ function decimal(ms: number): string {
 
 /**
  * This client's wake-up channel: one SUBSCRIBE per backend (on a second connection), messages
- * naming the waiter. A message that arrives before its waiter subscribed is kept, so the
- * subscription fires at once (no lost wake-up between the busy answer and the subscription).
+ * naming the waiter (`wakeId`), or handing it the key (`wakeId|token|session`). A message that
+ * arrives before its waiter subscribed is kept, so the subscription fires at once (no lost wake-up
+ * between the busy answer and the subscription).
  */
 class WakeHub {
   readonly #conn: Conn;
   readonly channel: string;
-  readonly #handlers = new Map<string, Set<() => void>>();
-  readonly #pending = new Map<string, number>();
+  readonly #handlers = new Map<string, Set<(handOff?: HandOff) => void>>();
+  readonly #pending = new Map<string, { at: number; handOff: HandOff | undefined }>();
   #sub: Promise<Subscriber> | undefined;
   #subscriber: Subscriber | undefined;
   #failedAt = -Infinity;
@@ -794,24 +833,30 @@ class WakeHub {
     }
   }
 
-  #deliver(wake: string): void {
+  #deliver(message: string): void {
+    const [wake = '', token, session] = message.split('|', 3);
+    const handOff = token !== undefined && session !== undefined && /^\d{1,20}$/.test(token) ? { token: BigInt(token), session } : undefined;
     const handlers = this.#handlers.get(wake);
     if (handlers) {
-      for (const fn of [...handlers]) fn();
+      for (const fn of [...handlers]) fn(handOff);
       return;
     }
     const now = performance.now();
-    this.#pending.set(wake, now);
+    this.#pending.set(wake, { at: now, handOff });
     if (this.#pending.size > 1_000) {
-      for (const [w, at] of this.#pending) if (now - at > PENDING_WAKE_MS) this.#pending.delete(w);
+      for (const [w, p] of this.#pending) if (now - p.at > PENDING_WAKE_MS) this.#pending.delete(w);
     }
   }
 
-  register(wake: string, onChange: () => void): () => void {
+  register(wake: string, onChange: (handOff?: HandOff) => void): () => void {
     let set = this.#handlers.get(wake);
     if (!set) this.#handlers.set(wake, (set = new Set()));
     set.add(onChange);
-    if (this.#pending.delete(wake)) queueMicrotask(onChange);
+    const pending = this.#pending.get(wake);
+    if (pending) {
+      this.#pending.delete(wake);
+      queueMicrotask(() => onChange(pending.handOff));
+    }
     return () => {
       set.delete(onChange);
       if (set.size === 0 && this.#handlers.get(wake) === set) this.#handlers.delete(wake);

@@ -4,7 +4,7 @@
  * same manual clock, sometimes behind a wrapper that injects failures.
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Backend, RenewRequest, RenewResult } from '../../src/core/backend.js';
+import type { AcquireRequest, Backend, HandOff, RenewRequest, RenewResult } from '../../src/core/backend.js';
 import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
@@ -651,5 +651,99 @@ describe('waiting for a busy key', () => {
     await (await waiting).release();
     await locks.close();
     await holder.close();
+  });
+});
+
+/**
+ * Hand-off: a fair backend with sessions may grant the key to a queued waiter itself and pass the
+ * grant to the wake-up hook (the Redis release script does). Here the test plays that backend: it
+ * grants the waiter's place in the memory backend and hands the grant over, on the injected clock.
+ */
+describe('hand-off through the wake-up hook', () => {
+  function handing(inner: Backend) {
+    const asks: AcquireRequest[] = [];
+    const closed: string[] = [];
+    let notify: ((handOff?: HandOff) => void) | undefined;
+    const s = inner.sessions!;
+    const backend: Backend = {
+      ...inner,
+      close: async () => {},
+      acquire: (r) => {
+        asks.push(r);
+        return inner.acquire(r);
+      },
+      subscribe: async (_key, onChange) => {
+        notify = onChange;
+        return () => (notify = undefined);
+      },
+      sessions: { open: (t) => s.open(t), keepAlive: (id, t) => s.keepAlive(id, t), close: (id) => (closed.push(id), s.close(id)) },
+    };
+    return { backend, asks, closed, hand: (h: HandOff) => notify?.(h) };
+  }
+
+  async function waitingFor(clock: ManualClock, ttlMs = 60_000) {
+    const inner = memoryBackend({ clock, sessions: true });
+    const t = handing(inner);
+    const locks = new Locks({ backend: t.backend, clock });
+    const holder = new Locks({ backend: { ...inner, close: async () => {} }, clock });
+    const held = await holder.acquire('k', { ttlMs: 60_000, autoRenew: false });
+    let lease: Lease | undefined;
+    const waiting = locks.acquire('k', { ttlMs, waitMs: 60_000 }).then((l) => (lease = l));
+    await flush();
+    return { ...t, inner, locks, holder, held, waiting, lease: () => lease };
+  }
+
+  it('the waiter takes a grant handed to its session: no further acquire call, and the lease lives with the session', async () => {
+    const clock = manualClock(0);
+    const w = await waitingFor(clock);
+    const last = w.asks.at(-1)!;
+    expect(last.session).toBeDefined();
+    const before = w.asks.length;
+    await w.held.release();
+    const g = await w.inner.acquire(last); // the coordinator grants the head waiter's place
+    if (!g.granted) throw new Error('not granted');
+    w.hand({ token: g.token, session: last.session! });
+    await flush();
+    expect(w.lease()?.token).toBe(g.token);
+    expect(w.asks.length).toBe(before); // taken as it came: the waiter did not ask again
+    await advance(clock, 120_000, 1_000); // twice the ttl: the session's keep-alives carry the lease
+    expect(w.lease()!.signal.aborted).toBe(false);
+    expect((await w.inner.inspect('k'))[0]!.holders.map((h) => h.token)).toEqual([g.token]);
+    await w.lease()!.release();
+    expect(await w.inner.inspect('k')).toEqual([]);
+    await w.locks.close();
+    await w.holder.close();
+  });
+
+  it('a hand-off naming another session is not taken: the waiter asks again instead', async () => {
+    const clock = manualClock(0);
+    const w = await waitingFor(clock);
+    const before = w.asks.length;
+    w.hand({ token: 1_000_000n, session: 'not-this-waiters' });
+    await flush();
+    expect(w.lease()).toBeUndefined();
+    expect(w.asks.length).toBe(before + 1); // asked again (and was told busy: nothing was granted)
+    await w.held.release();
+    await advance(clock, WAITING.fallbackPollMs + 1, 10);
+    expect((await w.waiting).token).toBeGreaterThan(w.held.token);
+    await w.lease()!.release();
+    await w.locks.close();
+    await w.holder.close();
+  });
+
+  it('a long wait keeps its session open (a hand-off may come at any time), then lets it go idle', async () => {
+    const clock = manualClock(0);
+    const w = await waitingFor(clock, 2_000); // a session of ttl 2 s is closed after 5 s idle
+    await advance(clock, 20_000, 100); // four times the idle period, a third of the holder's ttl
+    expect(w.closed).toEqual([]);
+    expect(new Set(w.asks.map((a) => a.session)).size).toBe(1);
+    await w.held.release();
+    await advance(clock, WAITING.fallbackPollMs + 1, 10);
+    const lease = await w.waiting;
+    await lease.release();
+    await advance(clock, 5_000 + 100, 100); // idle now: closed after max(ttl, 5 s)
+    expect(w.closed.length).toBe(1);
+    await w.locks.close();
+    await w.holder.close();
   });
 });
