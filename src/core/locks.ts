@@ -324,7 +324,8 @@ export class Locks {
         if (handOff) {
           const h = handOff;
           handOff = undefined;
-          if (held && h.session === held.id && h.token > highest && !held.keeper.lost && !held.keeper.stopped && !this.#closing.signal.aborted) {
+          // Its validity is the session's: one that ran out (a pause, say) is not taken, whatever the flags say yet.
+          if (held && !held.keeper.lost && !held.keeper.stopped && held.keeper.remainingMs() > 0 && h.session === held.id && h.token > highest && !this.#closing.signal.aborted) {
             queued = false;
             kept = h.token;
             return this.#grant(backend, key, owner, o, h.token, ttlMs, clock.now(), start, held);

@@ -1,6 +1,6 @@
 import { Etcd3, EtcdLeaseInvalidError, type IKeyValue, type ICompare, type IRequestOp } from 'etcd3';
 import type {
-  AcquireRequest, AcquireResult, Backend, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
+  AcquireRequest, AcquireResult, Backend, HandOff, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
 } from '../core/backend.js';
 import { InvalidArgumentError } from '../core/errors.js';
 import { checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
@@ -8,7 +8,7 @@ import { KeyLayout, decodePart, encodePart, parseKey, rangeEnd } from './keys.js
 import {
   cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient,
 } from './rpc.js';
-import { Wake, type WatchTarget } from './wake.js';
+import { Wake, type Follow, type WatchTarget } from './wake.js';
 
 export interface EtcdBackendOptions {
   /** etcd client URLs (`http://h1:2379`, …), every member: requests fail over between them. Give this or `client`. */
@@ -151,12 +151,14 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  * its create revision is its place. An exclusive request is granted when no request is ahead of
  * it, a shared one when no exclusive request is ahead: FIFO, no barging (a `tryAcquire` never
  * jumps a queue). On a free key the first call is the grant: one transaction (guards: key free, no
- * lock-delay; else, for a waiter, a nested put of its entry and a read). A waiter watches only the
- * deletion of its predecessor (the last request ahead of it; for a shared request, the last
- * exclusive one), like etcd's own `concurrency.Mutex`, so a release wakes one waiter, not all; the
- * woken waiter's grant is a linearizable read that finds its own entry first (nobody can get ahead
- * of it afterwards), no write. Its own entry is read in the same step, so a waiter whose lease
- * expired while it waited does not believe it holds the key (etcd issue 11456). A crashed waiter's
+ * lock-delay; else, for a waiter, a nested put of its entry and a read). A waiter blocked by
+ * requests ahead follows every change under the lock after the revision it read (`follower`,
+ * `Wake`), so when the release lands it knows it holds the key by its place — nothing ahead of its
+ * entry, no expired holder's marker, its own entry still there (etcd issue 11456) — and is handed
+ * the grant through the wake-up hook, with no read and no write; nobody can get ahead of it
+ * afterwards. Only that waiter acts on a release, so there is no herd of requests. Where that is
+ * not enough (a broken watch, lock-delay, markers around) the waiter is woken and asks: its grant is
+ * then a linearizable read that finds its own entry first, its own entry read in the same step. A crashed waiter's
  * place ends with its session (its ttl); a waiter that gives up deletes its entry (`cancelWait`,
  * retried in the background until done), and one whose call failed with an unknown outcome and
  * that does not ask again is cleaned up after 2 s.
@@ -309,7 +311,7 @@ class EtcdBackend implements Backend {
           // not granted (etcd issue 11456).
           if (!grantable(view, own, req.mode)) {
             if (!req.queue) break;
-            return await this.#wait(req.owner, p, view, own, req.mode, layout);
+            return await this.#wait(req.owner, p, view, own, req.mode, layout, req.lockDelayMs === 0 ? req.session : undefined);
           }
           // An earlier call of this caller was granted but its answer was lost: its entry hangs on
           // that call's lease, not refreshed since. Put it on this call's lease (a put keeps the
@@ -351,7 +353,7 @@ class EtcdBackend implements Backend {
       }
       if (!view) view = await this.#read(layout);
       const own = view.entries.find((e) => e.key === entryKey);
-      if (req.queue && own) return await this.#wait(req.owner, p, view, own, req.mode, layout);
+      if (req.queue && own) return await this.#wait(req.owner, p, view, own, req.mode, layout, req.lockDelayMs === 0 ? req.session : undefined);
       if (own) {
         // A not-queued request's entry left by an earlier call of this caller whose answer was lost: not ours to keep.
         const attempt = () => this.#deleteRequest(req.key, req.owner);
@@ -417,10 +419,10 @@ class EtcdBackend implements Backend {
   }
 
   /** Busy, queued: remember the view for the next call and point this waiter's watch at what it waits for. */
-  async #wait(owner: string, p: Pending, view: View, own: Entry, mode: LockMode, layout: KeyLayout): Promise<AcquireResult> {
+  async #wait(owner: string, p: Pending, view: View, own: Entry, mode: LockMode, layout: KeyLayout, session: string | undefined): Promise<AcquireResult> {
     p.view = view;
     this.#pending.set(owner, p);
-    const target = watchTarget(view, own, mode, layout);
+    const target = watchTarget(this.#prefix, view, own, mode, layout, session);
     void this.#wakes.get(owner)?.target(target).catch(() => {});
     return this.#busy(view, own, mode, { ...target, owner });
   }
@@ -578,7 +580,7 @@ class EtcdBackend implements Backend {
 
   // ---- wake-ups --------------------------------------------------------------------------------
 
-  async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
+  async subscribe(key: string, onChange: (handOff?: HandOff) => void, cursor?: unknown): Promise<() => void> {
     this.#ensureOpen();
     const c = isCursor(cursor) ? cursor : undefined;
     const wake = new Wake(this.#client, onChange, this.#timeoutMs);
@@ -857,15 +859,86 @@ function holders(view: View): Entry[] {
   return view.entries.filter((e) => e.granted || marked.has(e.encOwner) || (free && ahead(view, e, e.mode).length === 0));
 }
 
-/** What a queued waiter watches: its predecessor (the last request it waits for), else the lock-delay markers that block it. */
-function watchTarget(view: View, own: Entry, mode: LockMode, layout: KeyLayout): WatchTarget {
+/**
+ * What a queued waiter watches. Blocked by requests ahead of it: every change under the lock from
+ * the revision it read (see `follower`), so it knows it holds the key the moment its turn comes,
+ * without a read; only that waiter then acts (every waiter receives the lock's changes, but a
+ * release sets off one request at most, never a herd). Blocked by an expired holder's lock-delay
+ * markers: their deletion.
+ */
+function watchTarget(prefix: string, view: View, own: Entry, mode: LockMode, layout: KeyLayout, session: string | undefined): WatchTarget {
   const blockers = ahead(view, own, mode);
   const last = blockers[blockers.length - 1];
+  if (last && orphans(view).length === 0) {
+    return { keys: [last.key], revisions: [last.rev.toString()], afterRevision: view.revision, follow: follower(prefix, view, own, mode, layout, session) };
+  }
   if (last) return { keys: [last.key], revisions: [last.rev.toString()], afterRevision: view.revision };
   const delays = orphans(view);
   if (delays.length > 0) return { keys: delays.map((d) => d.key), afterRevision: view.revision };
   // Only too many shared lock-delay holders (MAX_DELAY_GUARDS): any deletion under the key may help.
   return { keys: [], prefix: layout.base, afterRevision: view.revision };
+}
+
+/**
+ * The next waiter's view, kept exact by a watch of every change under the lock after `view`'s
+ * revision (see `Follow`). When a change frees the key for it, it holds the key by the same rule a
+ * read would apply at that revision — nothing ahead of its entry, no expired holder's marker, its
+ * entry still there (etcd issue 11456) — and nothing written later can get ahead of it. It is then
+ * handed the grant (token: its entry's create revision) without a read, when its entry hangs on
+ * `session` (a session-bound request without lock-delay: nothing more to write before the grant)
+ * and no lock-delay marker is around (the grant would have to be written down, see `acquire`).
+ * Anything else that changes what it waits for wakes it to ask.
+ */
+function follower(prefix: string, view: View, own: Entry, mode: LockMode, layout: KeyLayout, session: string | undefined): Follow {
+  let entries = new Map(view.entries.map((e) => [e.key, e]));
+  let delays = new Map(view.delays.map((d) => [d.key, d]));
+  let done = false;
+  const decide = (): HandOff | 'wake' | undefined => {
+    const now: View = { revision: 0n, entries: [...entries.values()].sort((a, b) => (a.rev < b.rev ? -1 : a.rev > b.rev ? 1 : 0)), delays: [...delays.values()] };
+    const mine = now.entries.find((e) => e.key === own.key);
+    // Still behind other requests, and nothing else in the way: keep following, say nothing.
+    if (mine && ahead(now, mine, mode).length > 0 && orphans(now).length === 0) return undefined;
+    done = true;
+    if (mine && session !== undefined && mine.lease === session && now.delays.length === 0 && grantable(now, mine, mode)) return { token: mine.rev, session };
+    return 'wake';
+  };
+  return {
+    id: own.key,
+    prefix: layout.base,
+    from: view.revision,
+    apply(events) {
+      if (done) return undefined;
+      let changed = false;
+      for (const ev of events) {
+        const key = ev.kv.key.toString('utf8');
+        if (!key.startsWith(layout.base)) continue;
+        if (ev.type === 'Delete') {
+          const e = entries.get(key);
+          if ((e && e.rev <= own.rev) || delays.has(key)) changed = true;
+          entries.delete(key);
+          delays.delete(key);
+          continue;
+        }
+        const parsed = parseView(prefix, [ev.kv], 0n);
+        for (const e of parsed.entries) {
+          if (e.rev <= own.rev) changed = true;
+          entries.set(e.key, e);
+        }
+        for (const d of parsed.delays) {
+          changed = true;
+          delays.set(d.key, d);
+        }
+      }
+      return changed ? decide() : undefined;
+    },
+    restart(kvs) {
+      if (done) return undefined;
+      const fresh = parseView(prefix, kvs, 0n);
+      entries = new Map(fresh.entries.map((e) => [e.key, e]));
+      delays = new Map(fresh.delays.map((d) => [d.key, d]));
+      return decide();
+    },
+  };
 }
 
 function isCursor(value: unknown): value is Cursor {

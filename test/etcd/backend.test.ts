@@ -5,7 +5,7 @@
  */
 import { Etcd3 } from 'etcd3';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { AcquireRequest, Backend } from '../../src/core/backend.js';
+import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
 import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { etcdBackend } from '../../src/etcd/index.js';
@@ -268,7 +268,7 @@ describe('etcd backend', () => {
     expect(l3.token).toBeGreaterThan(l2.token);
   });
 
-  it('a release wakes the next waiter only (it watches its predecessor, no herd)', async () => {
+  it('a release wakes the next waiter only (no herd)', async () => {
     const k = key('herd');
     const h = backend();
     const hold = await h.acquire(request(k, 'holder'));
@@ -288,6 +288,94 @@ describe('etcd backend', () => {
     await sleep(300);
     expect(woken).toEqual(['w1']);
     for (const u of unsubscribes) u();
+  });
+
+  /** A queued waiter on its own backend and session, subscribed; what its wake-up hook is given. */
+  const queued = async (k: string, name: string) => {
+    const b = backend();
+    const session = await b.sessions!.open(10_000);
+    const busy = await b.acquire(request(k, name, { queue: true, session: session.id }));
+    if (busy.granted) throw new Error(`${name} was granted`);
+    const calls: (HandOff | undefined)[] = [];
+    const unsubscribe = await b.subscribe!(k, (h) => calls.push(h), busy.cursor);
+    const entry = (await raw(k)).find((kv) => kv.key.toString().endsWith(`/${encodePart(name)}`))!;
+    return { b, name, session: session.id, calls, unsubscribe, token: BigInt(entry.create_revision) };
+  };
+
+  it('hand-off without a read: the next waiter follows the lock and is handed its grant; the ones behind stay quiet, then the next', async () => {
+    const k = key('handoff');
+    const h = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    if (!hold.granted) throw new Error('not granted');
+    const [w1, w2, w3] = [await queued(k, 'w1'), await queued(k, 'w2'), await queued(k, 'w3')];
+    await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    expect(await eventually(() => w1.calls.length > 0, 5_000)).toBe(true);
+    await sleep(200);
+    // w1 holds by its place (its entry's create revision is the token, on its session), and is told so
+    expect(w1.calls).toEqual([{ token: w1.token, session: w1.session }]);
+    expect(w2.calls).toEqual([]);
+    expect(w3.calls).toEqual([]);
+    expect((await h.inspect(k))[0]!.holders.map((x) => x.token)).toEqual([w1.token]);
+    // asking instead (a lost message) gets the same grant
+    expect(await w1.b.acquire(request(k, 'w1', { queue: true, session: w1.session }))).toMatchObject({ granted: true, token: w1.token });
+    await w1.b.release({ key: k, owner: 'w1', token: w1.token, mode: 'exclusive' });
+    expect(await eventually(() => w2.calls.length > 0, 5_000)).toBe(true);
+    await sleep(200);
+    expect(w2.calls).toEqual([{ token: w2.token, session: w2.session }]);
+    expect(w3.calls).toEqual([]);
+    for (const w of [w1, w2, w3]) w.unsubscribe();
+  });
+
+  it('hand-off without a read closes the gap: a release before the watch exists is still handed over', async () => {
+    const k = key('handoff-gap');
+    const h = backend();
+    const w = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    if (!hold.granted) throw new Error('not granted');
+    const session = await w.sessions!.open(10_000);
+    const busy = await w.acquire(request(k, 'w', { queue: true, session: session.id }));
+    if (busy.granted) throw new Error('granted');
+    await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    await etcd.put(`${prefix}unrelated`).value('moves the revision on');
+    const calls: (HandOff | undefined)[] = [];
+    const unsubscribe = await w.subscribe!(k, (x) => calls.push(x), busy.cursor);
+    expect(await eventually(() => calls.length > 0, 5_000)).toBe(true);
+    const [entry] = await raw(k);
+    expect(calls).toEqual([{ token: BigInt(entry!.create_revision), session: session.id }]);
+    unsubscribe();
+  });
+
+  it('etcd issue 11456 on the watch path: a waiter whose entry went while it waited is told to ask, never handed the key', async () => {
+    const k = key('handoff-11456');
+    const h = backend();
+    const hold = await h.acquire(request(k, 'holder'));
+    if (!hold.granted) throw new Error('not granted');
+    const w = await queued(k, 'w');
+    const behind = await queued(k, 'behind');
+    await etcd.leaseClient.leaseRevoke({ ID: w.session }); // its session ends behind its back, its entry with it
+    expect(await eventually(() => w.calls.length > 0, 5_000)).toBe(true);
+    expect(w.calls).toEqual([undefined]);
+    await h.release({ key: k, owner: 'holder', token: hold.token, mode: 'exclusive' });
+    expect(await eventually(() => behind.calls.length > 0, 5_000)).toBe(true);
+    await sleep(200);
+    expect(w.calls).toEqual([undefined]);
+    expect(behind.calls).toEqual([{ token: behind.token, session: behind.session }]);
+    w.unsubscribe();
+    behind.unsubscribe();
+  });
+
+  it('a holder that expires with lock-delay is not a hand-off: the waiter is told to ask, and waits out the delay', async () => {
+    const k = key('handoff-delay');
+    const h = backend();
+    const hs = await h.sessions!.open(1_000);
+    const hold = await h.acquire(request(k, 'holder', { session: hs.id, lockDelayMs: 2_000 }));
+    if (!hold.granted) throw new Error('not granted');
+    const w = await queued(k, 'w');
+    await etcd.leaseClient.leaseRevoke({ ID: hs.id }); // the holder's session ends without a release: its marker stays
+    expect(await eventually(() => w.calls.length > 0, 5_000)).toBe(true);
+    expect(w.calls).toEqual([undefined]);
+    expect(await w.b.acquire(request(k, 'w', { queue: true, session: w.session }))).toMatchObject({ granted: false });
+    w.unsubscribe();
   });
 
   it('no lost wake-up: a release between the busy answer and the subscription fires at once', async () => {
