@@ -190,6 +190,8 @@ describe('redlock failures', () => {
       if (!g.granted) throw new Error('not granted');
       // As core sends it: the grant's lock-delay and label ride along with every renewal.
       const renew = { key: 'ld', owner: 'owner-1', token: g.token, mode: 'exclusive' as const, ttlMs: 3_000, lockDelayMs: 30_000, holder: 'worker-7' };
+      // The grant returned with a majority; the third server's write may still be landing (seen under CI load).
+      await eventually(async () => (await admins[2]!.hget('leasehold:{ld}:h', 'owner-1')) !== null, 5_000, 10);
       const original = await admins[2]!.hget('leasehold:{ld}:h', 'owner-1');
       expect(original).toMatch(/^e\|\d+\|\d+\|30000\|\|worker-7$/);
       // Two of the three restart empty, one after the other; renewals record the lease there again.
