@@ -8,7 +8,7 @@ import { KeyLayout, decodePart, encodePart, parseKey, rangeEnd } from './keys.js
 import {
   cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient,
 } from './rpc.js';
-import { Wake, type Follow, type WatchTarget } from './wake.js';
+import { LockWatches, Wake, type Follow, type WatchTarget } from './wake.js';
 
 export interface EtcdBackendOptions {
   /** etcd client URLs (`http://h1:2379`, …), every member: requests fail over between them. Give this or `client`. */
@@ -29,6 +29,12 @@ export interface EtcdBackendOptions {
    * reported in `lease.ttlMs`. @default 2000
    */
   minTtlMs?: number;
+  /**
+   * How long the watch a client keeps on a lock its waiters follow stays open after the last of
+   * them got the key or left. A client that waits on the same lock again within it (a worker in a
+   * loop) joins the running watch: no new watch and no read per wait. 0: close it at once. @default 10000
+   */
+  watchLingerMs?: number;
 }
 
 /** Defaults, each with its reason. */
@@ -39,6 +45,8 @@ export const ETCD_DEFAULTS = Object.freeze({
   requestTimeoutMs: 2_000,
   /** 2 s: etcd's minimum lease with its default 100 ms heartbeat and 1 s election timeout. */
   minTtlMs: 2_000,
+  /** 10 s: a worker that takes the same lock again within seconds keeps its watch; an open watch costs etcd little. */
+  watchLingerMs: 10_000,
 });
 
 /**
@@ -195,12 +203,13 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  */
 export function etcdBackend(options: EtcdBackendOptions): Backend {
   const o = checkObject(options, 'options');
-  checkKnownOptions(o, ['hosts', 'client', 'prefix', 'requestTimeoutMs', 'minTtlMs'], 'options');
+  checkKnownOptions(o, ['hosts', 'client', 'prefix', 'requestTimeoutMs', 'minTtlMs', 'watchLingerMs'], 'options');
   if ((o.hosts === undefined) === (o.client === undefined)) throw new InvalidArgumentError('options', 'give exactly one of hosts or client');
   const prefix = checkPrefixOption(o.prefix ?? ETCD_DEFAULTS.prefix);
   const timeoutMs = o.requestTimeoutMs === undefined ? ETCD_DEFAULTS.requestTimeoutMs : checkInteger(o.requestTimeoutMs, 'requestTimeoutMs', 1, 600_000);
   const minTtlMs = o.minTtlMs === undefined ? ETCD_DEFAULTS.minTtlMs : checkInteger(o.minTtlMs, 'minTtlMs', 1_000, 3_600_000);
   if (o.minTtlMs !== undefined && minTtlMs % 1000 !== 0) throw new InvalidArgumentError('minTtlMs', `etcd leases are whole seconds; got ${minTtlMs}`);
+  const lingerMs = o.watchLingerMs === undefined ? ETCD_DEFAULTS.watchLingerMs : checkInteger(o.watchLingerMs, 'watchLingerMs', 0, 3_600_000);
   let client: EtcdClient;
   let ownsClient = false;
   if (o.hosts !== undefined) {
@@ -214,7 +223,7 @@ export function etcdBackend(options: EtcdBackendOptions): Backend {
     }
     client = c;
   }
-  return new EtcdBackend(client, ownsClient, prefix, timeoutMs, minTtlMs);
+  return new EtcdBackend(client, ownsClient, prefix, timeoutMs, minTtlMs, lingerMs);
 }
 
 class EtcdBackend implements Backend {
@@ -227,6 +236,7 @@ class EtcdBackend implements Backend {
   readonly #timeoutMs: number;
   readonly #pending = new Map<string, Pending>();
   readonly #wakes = new Map<string, Wake>();
+  readonly #lockWatches: LockWatches;
   readonly #sessionTable = new Map<string, SessionRecord>();
   /** Owners whose last (non-queued, session) acquire failed with an unknown outcome; see `#abandonLater`. */
   readonly #uncertain = new Map<string, { cleanup?: Promise<void> }>();
@@ -234,8 +244,9 @@ class EtcdBackend implements Backend {
   readonly #cancels = new Map<ReturnType<typeof setTimeout>, () => void>();
   #closed = false;
 
-  constructor(client: EtcdClient, ownsClient: boolean, prefix: string, timeoutMs: number, minTtlMs: number) {
+  constructor(client: EtcdClient, ownsClient: boolean, prefix: string, timeoutMs: number, minTtlMs: number, lingerMs: number) {
     this.#client = client;
+    this.#lockWatches = new LockWatches(client, timeoutMs, lingerMs);
     this.#ownsClient = ownsClient;
     this.#prefix = prefix;
     this.#timeoutMs = timeoutMs;
@@ -583,7 +594,7 @@ class EtcdBackend implements Backend {
   async subscribe(key: string, onChange: (handOff?: HandOff) => void, cursor?: unknown): Promise<() => void> {
     this.#ensureOpen();
     const c = isCursor(cursor) ? cursor : undefined;
-    const wake = new Wake(this.#client, onChange, this.#timeoutMs);
+    const wake = new Wake(this.#client, onChange, this.#timeoutMs, this.#lockWatches);
     if (c?.owner !== undefined) {
       this.#wakes.get(c.owner)?.close();
       this.#wakes.set(c.owner, wake);
@@ -728,6 +739,7 @@ class EtcdBackend implements Backend {
     this.#cancels.clear();
     for (const wake of this.#wakes.values()) wake.close();
     this.#wakes.clear();
+    this.#lockWatches.close();
     const leases: string[] = [];
     for (const p of this.#pending.values()) {
       if (p.lockLease) leases.push(p.lockLease.id);

@@ -1,7 +1,8 @@
 /**
  * Wake-ups for waiters: a waiter blocked by requests ahead follows every change under its lock (see
- * `Follow`); one blocked by an expired holder's lock-delay markers, or a caller without a place in
- * the queue, watches deletions of those keys.
+ * `Follow`) on a watch its client keeps on that lock (`LockWatches`); one blocked by an expired
+ * holder's lock-delay markers, or a caller without a place in the queue, watches deletions of those
+ * keys.
  *
  * No lost wake-ups, no sync delay. A watch that starts at a past revision is "unsynced" in etcd:
  * its events arrive from a background loop that runs every 100 ms, which would add up to 100 ms
@@ -40,12 +41,202 @@ export interface Follow {
   readonly from: bigint;
   /** Applies events after the view (one watch response's): the grant now held, a plain wake-up (ask again), or nothing yet. */
   apply(events: readonly IEvent[]): HandOff | 'wake' | undefined;
-  /** Starts the view again from a read of every key under `prefix`; the same outcomes as `apply`. */
+  /** Starts the view again from every key under `prefix` at a later revision (the shared watch's view); the same outcomes as `apply`. */
   restart(kvs: readonly IKeyValue[]): HandOff | 'wake' | undefined;
 }
 
 /** How long a watch may take to be created before we stop waiting for it (it still works if it arrives later). */
 const CREATE_TIMEOUT_MS = 2_000;
+/** Idle lock watches (no follower) a backend keeps open at most; past it, the one idle longest goes. */
+const MAX_IDLE_WATCHES = 256;
+
+/**
+ * One watch per lock and client, shared by every waiter of that client that follows the lock (see
+ * `Follow`), kept open for `lingerMs` after the last one leaves. A client that waits on the same lock
+ * again — a worker in a loop, the usual case under contention — finds the watch running and its
+ * view of the lock exact: it joins with no new watch and no read, so a contended acquire + release
+ * costs etcd the two transactions and nothing else.
+ *
+ * The view is the lock's keys at the revision of the last event (or of the first read); events come
+ * whole and in order. A waiter whose own view is older than the shared one starts from the shared
+ * one; one whose view is newer keeps its own and is fed only the events after it (every event after
+ * the watch's start is delivered, so none is missed). A broken stream ends the watch and tells every
+ * follower to ask; the next wait opens a new one.
+ */
+export class LockWatches {
+  readonly #watches = new Map<string, LockWatch>();
+  /** Idle watches, oldest first (a Map keeps insertion order). */
+  readonly #idle = new Map<LockWatch, NodeJS.Timeout>();
+  #closed = false;
+
+  constructor(
+    private readonly client: EtcdClient,
+    private readonly timeoutMs: number,
+    private readonly lingerMs: number,
+  ) {}
+
+  /**
+   * Follows `follow` on its lock's watch. `settle` is called at most once, with the hand-off or a
+   * plain wake-up; `ready` resolves once the watch is active and the follower's view is exact.
+   */
+  attach(follow: Follow, settle: (outcome: HandOff | 'wake') => void): { ready: Promise<void>; detach: () => void } {
+    if (this.#closed) return { ready: Promise.resolve(), detach: () => {} };
+    let watch = this.#watches.get(follow.prefix);
+    if (!watch) {
+      watch = new LockWatch(this.client, follow.prefix, this.timeoutMs, (w) => this.#ended(w), (w) => this.#idled(w));
+      this.#watches.set(follow.prefix, watch);
+    }
+    const timer = this.#idle.get(watch);
+    if (timer) {
+      clearTimeout(timer);
+      this.#idle.delete(watch);
+    }
+    return watch.add(follow, settle);
+  }
+
+  /** Open lock watches (following or lingering): for tests and `inspect`-like diagnostics. */
+  get size(): number {
+    return this.#watches.size;
+  }
+
+  close(): void {
+    this.#closed = true;
+    for (const timer of this.#idle.values()) clearTimeout(timer);
+    this.#idle.clear();
+    for (const w of [...this.#watches.values()]) w.end(false);
+    this.#watches.clear();
+  }
+
+  #ended(w: LockWatch): void {
+    if (this.#watches.get(w.prefix) === w) this.#watches.delete(w.prefix);
+    const timer = this.#idle.get(w);
+    if (timer) clearTimeout(timer);
+    this.#idle.delete(w);
+  }
+
+  #idled(w: LockWatch): void {
+    if (this.#closed || this.lingerMs <= 0) return w.end(false);
+    const timer = setTimeout(() => w.end(false), this.lingerMs);
+    timer.unref();
+    this.#idle.set(w, timer);
+    if (this.#idle.size > MAX_IDLE_WATCHES) this.#idle.keys().next().value?.end(false);
+  }
+}
+
+interface Follower {
+  readonly follow: Follow;
+  readonly settle: (outcome: HandOff | 'wake') => void;
+  /** Events at or below this revision are in the follower's view already. */
+  after: bigint;
+  joined: boolean;
+}
+
+class LockWatch {
+  readonly #kvs = new Map<string, IKeyValue>();
+  /** The view is exact at this revision; undefined until the watch is active and the lock was read. */
+  #revision: bigint | undefined;
+  readonly #followers = new Set<Follower>();
+  readonly #watcher: Watcher;
+  readonly #ready: Promise<void>;
+  #ended = false;
+  #early: IEvent[] = [];
+
+  constructor(
+    client: EtcdClient,
+    readonly prefix: string,
+    timeoutMs: number,
+    private readonly onEnd: (w: LockWatch) => void,
+    private readonly onIdle: (w: LockWatch) => void,
+  ) {
+    // From the current revision (a watch from a past one is "unsynced", see the top of this file).
+    const w = client.watch().prefix(prefix).watcher();
+    this.#watcher = w;
+    w.on('data', (res: IWatchResponse) => {
+      if (this.#ended || res.events.length === 0) return;
+      if (this.#revision === undefined) this.#early.push(...res.events);
+      else this.#apply(res.events);
+    });
+    const lost = (): void => this.end(true);
+    w.on('disconnected', lost);
+    w.on('error', lost);
+    this.#ready = (async () => {
+      const created = await connected(w);
+      if (this.#ended) return;
+      if (created === undefined) return lost(); // not confirmed in time: let the waiters look
+      try {
+        const r = await client.kv.range({ key: Buffer.from(prefix), range_end: rangeEnd(Buffer.from(prefix)) }, deadline(timeoutMs));
+        if (this.#ended) return;
+        for (const kv of r.kvs) this.#kvs.set(kv.key.toString('utf8'), kv);
+        this.#revision = BigInt(r.header.revision);
+      } catch {
+        return lost();
+      }
+      for (const f of [...this.#followers]) this.#join(f);
+      const early = this.#early.splice(0);
+      if (early.length > 0) this.#apply(early);
+    })();
+  }
+
+  add(follow: Follow, settle: (outcome: HandOff | 'wake') => void): { ready: Promise<void>; detach: () => void } {
+    const f: Follower = { follow, settle, after: follow.from, joined: false };
+    this.#followers.add(f);
+    if (this.#revision !== undefined) this.#join(f);
+    return { ready: this.#ready, detach: () => this.#remove(f) };
+  }
+
+  /** Ends the watch; with `wake`, every follower is told to ask (the stream broke: events may be missed). */
+  end(wake: boolean): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    void this.#watcher.cancel().catch(() => {});
+    this.onEnd(this);
+    const followers = [...this.#followers];
+    this.#followers.clear();
+    if (wake) for (const f of followers) f.settle('wake');
+  }
+
+  /** A follower whose view is older than ours starts from ours; one whose view is newer is fed what comes after it. */
+  #join(f: Follower): void {
+    if (f.joined || this.#ended) return;
+    f.joined = true;
+    if (this.#revision! >= f.follow.from) {
+      f.after = this.#revision!;
+      this.#outcome(f, f.follow.restart([...this.#kvs.values()]));
+    }
+  }
+
+  #apply(events: readonly IEvent[]): void {
+    const base = this.#revision!;
+    const fresh = events.filter((ev) => BigInt(ev.kv.mod_revision) > base);
+    if (fresh.length === 0) return;
+    for (const ev of fresh) {
+      const key = ev.kv.key.toString('utf8');
+      if (ev.type === 'Delete') this.#kvs.delete(key);
+      else this.#kvs.set(key, ev.kv);
+      const rev = BigInt(ev.kv.mod_revision);
+      if (rev > this.#revision!) this.#revision = rev;
+    }
+    for (const f of [...this.#followers]) {
+      if (!f.joined) continue;
+      const mine = fresh.filter((ev) => BigInt(ev.kv.mod_revision) > f.after);
+      if (mine.length === 0) continue;
+      f.after = this.#revision!;
+      this.#outcome(f, f.follow.apply(mine));
+      if (this.#ended) return;
+    }
+  }
+
+  #outcome(f: Follower, outcome: HandOff | 'wake' | undefined): void {
+    if (outcome === undefined || !this.#followers.has(f)) return;
+    this.#remove(f);
+    f.settle(outcome);
+  }
+
+  #remove(f: Follower): void {
+    if (!this.#followers.delete(f) || this.#ended) return;
+    if (this.#followers.size === 0) this.onIdle(this);
+  }
+}
 
 /**
  * One waiter's watches. `target` moves them to new keys (closing the old watches); a deletion of a
@@ -58,11 +249,15 @@ export class Wake {
   #following = false;
   #generation = 0;
   #closed = false;
+  /** Leaves the shared lock watch this waiter follows on (see LockWatches). */
+  #detach: (() => void) | undefined;
 
   constructor(
     private readonly client: EtcdClient,
     private readonly onChange: (handOff?: HandOff) => void,
     private readonly timeoutMs: number,
+    /** Where a follow target follows: the lock's watch, shared with this client's other waits on it. */
+    private readonly shared: LockWatches,
   ) {}
 
   /** Watches `target` instead of what was watched before; resolves once the watches are active and the gap is checked. */
@@ -75,11 +270,20 @@ export class Wake {
     this.#following = follow !== undefined;
     const generation = ++this.#generation;
     this.#cancel(this.#watchers);
+    this.#watchers = [];
+    this.#detach?.();
+    this.#detach = undefined;
     const fire = (handOff?: HandOff): void => {
       if (!this.#closed && generation === this.#generation) this.onChange(handOff);
     };
     if (follow) {
-      await this.#follow(follow, generation, fire);
+      const { ready, detach } = this.shared.attach(follow, (outcome) => {
+        if (generation === this.#generation) this.#following = false;
+        if (outcome === 'wake') fire();
+        else fire(outcome);
+      });
+      this.#detach = detach;
+      await ready;
       return;
     }
     const watchers: Watcher[] = [];
@@ -115,72 +319,13 @@ export class Wake {
     }
   }
 
-  /**
-   * Follows every change under the lock after the waiter's view. The watch starts at the current
-   * revision (a watch from a past revision is "unsynced": its events would come from etcd's 100 ms
-   * catch-up loop, which would delay the hand-off). If anything was written between the view and
-   * the watch, the lock is read again at a revision the watch covers and the view starts from that
-   * read; events up to the view's revision are skipped. Trusted only while the stream never broke.
-   */
-  async #follow(follow: Follow, generation: number, fire: (handOff?: HandOff) => void): Promise<void> {
-    const w = this.client.watch().prefix(follow.prefix).watcher();
-    let broken = false;
-    let base: bigint | undefined; // events at or below it are in the view already; undefined: not ready yet
-    const early: IEvent[] = [];
-    const end = (): void => {
-      broken = true;
-      if (generation === this.#generation) this.#following = false;
-    };
-    const settle = (outcome: HandOff | 'wake' | undefined): void => {
-      if (outcome === undefined || broken) return;
-      end();
-      if (outcome === 'wake') fire();
-      else fire(outcome);
-    };
-    const handle = (events: readonly IEvent[]): void => {
-      const fresh = events.filter((ev) => BigInt(ev.kv.mod_revision) > base!);
-      if (fresh.length > 0) settle(follow.apply(fresh));
-    };
-    w.on('data', (res: IWatchResponse) => {
-      if (broken || res.events.length === 0) return;
-      if (base === undefined) early.push(...res.events);
-      else handle(res.events);
-    });
-    const lost = (): void => {
-      if (broken) return;
-      end();
-      fire();
-    };
-    w.on('disconnected', lost);
-    w.on('error', lost);
-    this.#watchers = [w];
-    const created = await connected(w);
-    if (this.#closed || generation !== this.#generation) {
-      this.#cancel([w]);
-      return;
-    }
-    if (broken) return;
-    if (created === undefined) return lost(); // not confirmed in time: let the waiter look
-    if (created > follow.from) {
-      try {
-        const r = await this.client.kv.range({ key: Buffer.from(follow.prefix), range_end: rangeEnd(Buffer.from(follow.prefix)) }, deadline(this.timeoutMs));
-        if (broken) return;
-        base = BigInt(r.header.revision);
-        settle(follow.restart(r.kvs));
-      } catch {
-        return lost();
-      }
-    } else {
-      base = follow.from;
-    }
-    if (early.length > 0) handle(early.splice(0));
-  }
-
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
     this.#cancel(this.#watchers);
     this.#watchers = [];
+    this.#detach?.();
+    this.#detach = undefined;
   }
 
   #cancel(watchers: Watcher[]): void {

@@ -50,6 +50,8 @@ describe('etcd options', () => {
     expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', minTtlMs: 1500 })).toThrow(expect.objectContaining({ argument: 'minTtlMs' }));
     expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', prefix: '' })).toThrow(expect.objectContaining({ argument: 'prefix' }));
     expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', ttl: 1 } as never)).toThrow(InvalidArgumentError);
+    expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', watchLingerMs: -1 })).toThrow(expect.objectContaining({ argument: 'watchLingerMs' }));
+    expect(() => etcdBackend({ hosts: 'http://127.0.0.1:1', watchLingerMs: '10s' } as never)).toThrow(expect.objectContaining({ argument: 'watchLingerMs' }));
   });
 });
 
@@ -61,7 +63,7 @@ describe('etcd backend', () => {
   let n = 0;
   const key = (label: string): string => `${label}:${++n}`;
 
-  const backend = (options: { requestTimeoutMs?: number } = {}): Backend => {
+  const backend = (options: { requestTimeoutMs?: number; watchLingerMs?: number } = {}): Backend => {
     const b = etcdBackend({ hosts: cluster.endpoints, prefix, minTtlMs: 1_000, ...options });
     opened.push(b);
     return b;
@@ -378,6 +380,66 @@ describe('etcd backend', () => {
     w.unsubscribe();
   });
 
+  /** What etcd's own /metrics say: gRPC messages received by method, and the watchers open now. */
+  const metrics = async () => {
+    const text = await (await fetch(`${cluster.endpoints[0]}/metrics`)).text();
+    const received = (method: string): number =>
+      text.split('\n').filter((l) => l.startsWith('grpc_server_msg_received_total{') && l.includes(`grpc_method="${method}"`)).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
+    const watchers = Number(/^etcd_debugging_mvcc_watcher_total (\S+)$/m.exec(text)?.[1]);
+    return { watch: received('Watch'), range: received('Range'), txn: received('Txn'), watchers };
+  };
+
+  /** One round: `h` takes the free key, `w` queues behind and is handed the key when `h` lets go, then lets go itself. */
+  const handOffRound = async (h: Backend, w: Backend, k: string, session: string) => {
+    const hold = await h.acquire(request(k, 'h'));
+    if (!hold.granted) throw new Error('h was not granted');
+    const busy = await w.acquire(request(k, 'w', { queue: true, session }));
+    if (busy.granted) throw new Error('w was granted');
+    const calls: (HandOff | undefined)[] = [];
+    const unsubscribe = await w.subscribe!(k, (x) => calls.push(x), busy.cursor);
+    await h.release({ key: k, owner: 'h', token: hold.token, mode: 'exclusive' });
+    await eventually(() => calls.length > 0, 5_000);
+    unsubscribe();
+    const handOff = calls[0];
+    if (handOff) await w.release({ key: k, owner: 'w', token: handOff.token, mode: 'exclusive' });
+    return calls;
+  };
+
+  it('a client that waits on the same lock again joins the watch it keeps there: no new watch and no read per wait', async () => {
+    const k = key('linger');
+    const h = backend();
+    const w = backend();
+    const session = (await w.sessions!.open(10_000)).id;
+    expect(await handOffRound(h, w, k, session)).toEqual([expect.objectContaining({ session })]); // opens the lock's watch
+    const before = await metrics();
+    for (let i = 0; i < 5; i++) expect(await handOffRound(h, w, k, session)).toEqual([expect.objectContaining({ session })]);
+    const after = await metrics();
+    // Each round is three transactions (h's grant, w's place, w's release: h's release is the
+    // fourth) and nothing else: no watch created or cancelled, no read to close a gap.
+    expect(after.watch - before.watch).toBe(0);
+    expect(after.range - before.range).toBe(0);
+    expect(after.txn - before.txn).toBe(5 * 4);
+  });
+
+  it('the kept watch closes watchLingerMs after its last waiter; with 0 every wait opens its own', async () => {
+    const k = key('linger-end');
+    const h = backend();
+    const w = backend({ watchLingerMs: 300 });
+    const session = (await w.sessions!.open(10_000)).id;
+    const base = (await metrics()).watchers;
+    await handOffRound(h, w, k, session);
+    expect((await metrics()).watchers).toBe(base + 1); // lingering
+    expect(await eventually(async () => (await metrics()).watchers === base, 3_000)).toBe(true);
+
+    const once = backend({ watchLingerMs: 0 });
+    const s2 = (await once.sessions!.open(10_000)).id;
+    const before = await metrics();
+    for (let i = 0; i < 3; i++) expect(await handOffRound(h, once, k, s2)).toEqual([expect.objectContaining({ session: s2 })]);
+    const after = await metrics();
+    expect(after.watch - before.watch).toBeGreaterThanOrEqual(3); // a watch created for every wait
+    expect(await eventually(async () => (await metrics()).watchers === base, 3_000)).toBe(true);
+  });
+
   it('no lost wake-up: a release between the busy answer and the subscription fires at once', async () => {
     const k = key('cursor');
     const h = backend();
@@ -430,6 +492,37 @@ describe('etcd backend while etcd is down', () => {
   });
   afterAll(async () => {
     await cluster?.stop();
+  });
+
+  it('a broken lock watch wakes every waiter that follows on it, to ask again', async () => {
+    const h = etcdBackend({ hosts: cluster.endpoints, requestTimeoutMs: 300, minTtlMs: 1_000 });
+    const w = etcdBackend({ hosts: cluster.endpoints, requestTimeoutMs: 300, minTtlMs: 1_000 });
+    try {
+      const k = uniqueName('broken-watch');
+      const req = (owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
+        key: k, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+      });
+      expect((await h.acquire(req('h'))).granted).toBe(true);
+      const session = (await w.sessions!.open(10_000)).id;
+      const calls: Record<string, (HandOff | undefined)[]> = { w1: [], w2: [] };
+      const unsubscribes: (() => void)[] = [];
+      for (const owner of ['w1', 'w2']) {
+        // two waiters of one client on one lock: they follow on one watch
+        const busy = await w.acquire(req(owner, { queue: true, session }));
+        if (busy.granted) throw new Error(`${owner} was granted`);
+        unsubscribes.push(await w.subscribe!(k, (x) => calls[owner]!.push(x), busy.cursor));
+      }
+      await sleep(100);
+      expect(calls).toEqual({ w1: [], w2: [] });
+      await cluster.members[0]!.kill();
+      expect(await eventually(() => calls.w1!.length > 0 && calls.w2!.length > 0, 5_000)).toBe(true);
+      expect(calls).toEqual({ w1: [undefined], w2: [undefined] }); // told to ask, never handed a grant
+      for (const u of unsubscribes) u();
+    } finally {
+      cluster.members[0]!.start();
+      await cluster.waitHealthy();
+      await Promise.allSettled([h.close(), w.close()]);
+    }
   });
 
   it('rejects with BackendUnavailableError, and works again once etcd is back', async () => {
