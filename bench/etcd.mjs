@@ -185,19 +185,23 @@ async function main() {
     console.log(`machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}; node ${process.version}; etcd ${version}, ${HOSTS ? `external (${hosts.join(',')})` : `${MEMBERS} member(s) on loopback, default timings, data in ${os.tmpdir()}`}`);
     console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, ${OUTSIDE.join(' and ')} ms of work outside the lock; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s\n`);
 
+    // One raft write, timed alone (in sequence) at the start and in every round: every hand-off
+    // needs the release committed, so 1000 / this is a ceiling on critical sections/s for any lock.
     const single = new Etcd3({ hosts });
-    const t0 = performance.now();
-    for (let i = 0; i < 200; i++) await single.put(`bench-${process.pid}-probe`).value(String(i));
-    const txnMs = (performance.now() - t0) / 200;
-    await single.delete().key(`bench-${process.pid}-probe`);
-    single.close();
-    console.log(`one etcd write (put) takes ${txnMs.toFixed(2)} ms here\n`);
+    const putMs = async () => {
+      const t0 = performance.now();
+      for (let i = 0; i < 100; i++) await single.put(`bench-${process.pid}-probe`).value(String(i));
+      return (performance.now() - t0) / 100;
+    };
+    const puts = [];
+    console.log(`one etcd write (put) takes ${(await putMs()).toFixed(2)} ms here\n`);
 
     const results = { leasehold: { u: [], c: OUTSIDE.map(() => []) }, etcd3: { u: [], c: OUTSIDE.map(() => []) } };
     for (let r = 0; r < ROUNDS; r++) {
       const order = r % 2 === 0 ? ['leasehold', 'etcd3'] : ['etcd3', 'leasehold'];
       for (const name of order) results[name].u.push(await uncontended(name, hosts, hosts));
-      const parts = [`round ${r + 1}: uncontended ${order.map((n) => `${n} ${results[n].u[r].perSecond.toFixed(0)}/s`).join(', ')}`];
+      puts.push(await putMs());
+      const parts = [`round ${r + 1}: put ${puts[r].toFixed(2)} ms; uncontended ${order.map((n) => `${n} ${results[n].u[r].perSecond.toFixed(0)}/s`).join(', ')}`];
       for (const [i, outside] of OUTSIDE.entries()) {
         for (const name of order) results[name].c[i].push(await contended(name, hosts, hosts, outside));
         parts.push(`contended (outside ${outside} ms) ${order.map((n) => { const c = results[n].c[i][r]; return `${n} ${c.perSecond.toFixed(0)}/s p50 ${c.p50.toFixed(2)} ms`; }).join(', ')}`);
@@ -227,8 +231,14 @@ async function main() {
     };
     const uL = uSummary('leasehold');
     const uE = uSummary('etcd3');
+    await single.delete().key(`bench-${process.pid}-probe`);
+    single.close();
+    const put = median(puts);
     const rows = [
+      ['one etcd write (put) ms, alone, median of the rounds', f2(put), '', ''],
       ['uncontended acquire+release /s (median)', f0(uL.perSecond), f0(uE.perSecond), `${(uL.perSecond / uE.perSecond).toFixed(2)}×`],
+      // leasehold writes twice per pair (grant, release), etcd3's Lock three times (lease grant, txn, revoke)
+      ['  ceiling from writes alone: 1000 / (writes per pair × put)', f0(1000 / (2 * put)), f0(1000 / (3 * put)), '1.50×'],
       ['etcd requests per uncontended acquire+release', f2(uL.perPair), f2(uE.perPair), ''],
     ];
     for (const [i, outside] of OUTSIDE.entries()) {
@@ -237,6 +247,7 @@ async function main() {
       const label = `${WORKERS} workers, ${outside} ms outside`;
       rows.push(
         [`contended critical sections /s (${label})`, f0(L.perSecond), f0(E.perSecond), `${(L.perSecond / E.perSecond).toFixed(2)}×`],
+        ['  ceiling for any lock: one committed release per hand-off, 1000 / put', f0(1000 / put), '', `${(1000 / put / E.perSecond).toFixed(2)}× etcd3`],
         ['  hand-off to another worker p50 ms', f2(L.p50), f2(E.p50), `${(E.p50 / L.p50).toFixed(1)}× faster`],
         ['  hand-off to another worker p99 ms', f2(L.p99), f2(E.p99), `${(E.p99 / L.p99).toFixed(1)}× faster`],
         ['  grants back to the worker that just released', pct(L.regrab), pct(E.regrab), ''],
