@@ -2,7 +2,7 @@
 // The etcd backend (through `Locks`, as users call it) against the etcd3 package's own `Lock`, on
 // the same etcd.
 //
-//   npm run bench -- etcd [--members 1] [--iterations 500] [--seconds 5] [--workers 8] [--rounds 3]
+//   npm run bench -- etcd [--members 1] [--prefer-leader true] [--iterations 500] [--seconds 5] [--workers 8] [--rounds 3]
 //                         [--poll-ms 5] [--outside-ms 0,2] [--hosts http://h1:2379,http://h2:2379]
 //
 // Starts its own etcd (--members members on free loopback ports, etcd's default timings, in a
@@ -38,6 +38,7 @@ const ROUNDS = Number(opt('rounds', 3));
 const POLL_MS = Number(opt('poll-ms', 5));
 const OUTSIDE = opt('outside-ms', '0,2').split(',').map(Number);
 const HOSTS = opt('hosts', undefined)?.split(',');
+const PREFER_LEADER = opt('prefer-leader', 'true') !== 'false'; // leasehold's preferLeader (with several members)
 const TTL_MS = 30_000;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -71,7 +72,7 @@ function diff(after, before) {
 
 const sides = {
   leasehold: (hosts) => {
-    const locks = new Locks({ backend: etcdBackend({ hosts }) });
+    const locks = new Locks({ backend: etcdBackend({ hosts, preferLeader: PREFER_LEADER }) });
     return {
       async acquire(key) {
         const lease = await locks.acquire(key, { ttlMs: TTL_MS, waitMs: 60_000 });
@@ -183,7 +184,7 @@ async function main() {
     }
     console.log(`leasehold etcd benchmark — ${new Date().toISOString()}`);
     console.log(`machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}; node ${process.version}; etcd ${version}, ${HOSTS ? `external (${hosts.join(',')})` : `${MEMBERS} member(s) on loopback, default timings, data in ${os.tmpdir()}`}`);
-    console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, ${OUTSIDE.join(' and ')} ms of work outside the lock; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s\n`);
+    console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, ${OUTSIDE.join(' and ')} ms of work outside the lock; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s; leasehold preferLeader ${PREFER_LEADER}\n`);
 
     // One raft write, timed alone (in sequence) at the start and in every round: every hand-off
     // needs the release committed, so 1000 / this is a ceiling on critical sections/s for any lock.

@@ -9,7 +9,11 @@ import {
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 
 /** What the backend uses of an `Etcd3` client (a root client, not a namespace: use the `prefix` option instead). */
-export type EtcdClient = Pick<Etcd3, 'kv' | 'leaseClient' | 'watch'>;
+export interface EtcdClient {
+  readonly kv: Pick<Etcd3['kv'], 'txn' | 'range'>;
+  readonly leaseClient: Pick<Etcd3['leaseClient'], 'leaseGrant' | 'leaseRevoke' | 'leaseTimeToLive' | 'leaseKeepAlive'>;
+  watch(): ReturnType<Etcd3['watch']>;
+}
 
 /**
  * Call options with a deadline `ms` after each attempt starts. etcd3 retries a failed call on
@@ -40,7 +44,7 @@ type Backoff = NonNullable<FaultHandling['watchBackoff']>;
  * streams reconnect after 50 ms, doubling up to 1 s (etcd3: up to 30 s), since core's wake-ups
  * ride on them. (etcd3 calls only `execute` on policies and `duration`/`next` on backoffs.)
  */
-export function ownClientOptions(hosts: string[]): IOptions {
+export function ownClientOptions(hosts: readonly string[], attempts = ATTEMPTS): IOptions {
   const run = <T>(fn: (context: { signal: AbortSignal }) => PromiseLike<T> | T): Promise<T> =>
     Promise.resolve().then(() => fn({ signal: new AbortController().signal }));
   const passThrough = { execute: run } as unknown as Policy;
@@ -50,13 +54,13 @@ export function ownClientOptions(hosts: string[]): IOptions {
         try {
           return await run(fn);
         } catch (error) {
-          if (attempt >= ATTEMPTS || !(typeof error === 'object' && error !== null && isRecoverableError(error as Error))) throw error;
+          if (attempt >= attempts || !(typeof error === 'object' && error !== null && isRecoverableError(error as Error))) throw error;
         }
       }
     },
   } as unknown as Policy;
   const backoff = (ms: number): Backoff => ({ duration: ms, next: () => backoff(Math.min(ms * 2, 1_000)) }) as unknown as Backoff;
-  return { hosts, faultHandling: { host: () => passThrough, global: retry, watchBackoff: backoff(50) } };
+  return { hosts: [...hosts], faultHandling: { host: () => passThrough, global: retry, watchBackoff: backoff(50) } };
 }
 
 const b = (s: string): Buffer => Buffer.from(s);
