@@ -208,7 +208,8 @@ function parseJson(kv: IKeyValue): Record<string, unknown> {
  *
  * Every request has a deadline (`requestTimeoutMs`, per attempt); the client built from `hosts`
  * knows every member and tries a failed request on up to three of them (see `ownClientOptions` for
- * why etcd3's default circuit breaker is not used). Errors become `BackendUnavailableError` by
+ * why etcd3's default circuit breaker is not used). With several hosts, requests and watches go to
+ * the leader while it is known and answers (`preferLeader`, see route.ts). Errors become `BackendUnavailableError` by
  * error class and gRPC status, never by message text.
  */
 export function etcdBackend(options: EtcdBackendOptions): Backend {
