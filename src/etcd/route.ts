@@ -85,10 +85,8 @@ export class LeaderRoute {
           this.#members.map((m) => m.maintenance.status({ deadline: Date.now() + Math.min(this.timeoutMs, 1_000) }).catch(() => undefined)),
         );
         if (this.#closed) return;
-        // The member that says it leads itself; a member cut off from the others may still think it
-        // leads, but it answers nothing then, and requests fail over.
-        const i = answers.findIndex((s) => s !== undefined && s.leader !== '0' && s.leader === s.header.member_id);
-        this.#leader = i >= 0 ? this.#members[i] : undefined;
+        const i = agreedLeader(answers);
+        this.#leader = i === undefined ? undefined : this.#members[i];
       } finally {
         this.#refreshing = undefined;
       }
@@ -130,4 +128,17 @@ export class LeaderRoute {
     }
     return true;
   }
+}
+
+/**
+ * Which member leads, from every member's `Status` (undefined: it did not answer): the one a
+ * majority of all members name, if it answered too. A member cut off from the others may still
+ * think it leads; the others have a new leader by then. Undefined when no leader has a majority.
+ */
+export function agreedLeader(answers: readonly ({ leader: string; header: { member_id: string } } | undefined)[]): number | undefined {
+  const votes = new Map<string, number>();
+  for (const a of answers) if (a && a.leader !== '0') votes.set(a.leader, (votes.get(a.leader) ?? 0) + 1);
+  const agreed = [...votes].find(([, n]) => n > answers.length / 2)?.[0];
+  const i = agreed === undefined ? -1 : answers.findIndex((a) => a?.header.member_id === agreed);
+  return i >= 0 ? i : undefined;
 }

@@ -6,8 +6,21 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
 import { etcdBackend } from '../../src/etcd/index.js';
+import { agreedLeader } from '../../src/etcd/route.js';
 import { startCluster, type Cluster, type Member } from '../fixtures/etcd-cluster.mjs';
 import { eventually, uniqueName } from '../helpers/env.js';
+
+describe('which member leads, from every member\'s Status', () => {
+  const status = (member: string, leader: string) => ({ leader, header: { member_id: member } });
+  it('is the one a majority names, if it answered; a member cut off that still thinks it leads is outvoted', () => {
+    expect(agreedLeader([status('a', 'b'), status('b', 'b'), status('c', 'b')])).toBe(1);
+    expect(agreedLeader([status('a', 'a'), status('b', 'c'), status('c', 'c')])).toBe(2); // a: the old leader, partitioned
+    expect(agreedLeader([undefined, status('b', 'c'), status('c', 'c')])).toBe(2); // the old leader down
+    expect(agreedLeader([status('a', 'a'), undefined, undefined])).toBeUndefined(); // one voice of three is no majority
+    expect(agreedLeader([status('a', 'c'), status('b', 'c'), undefined])).toBeUndefined(); // named, but it does not answer
+    expect(agreedLeader([status('a', '0'), status('b', '0'), status('c', '0')])).toBeUndefined(); // an election under way
+  });
+});
 
 describe('etcd backend with several hosts: requests go to the leader', () => {
   let cluster: Cluster;
