@@ -71,11 +71,6 @@ export class LeaderRoute {
     return this.#leader ?? this.pool;
   }
 
-  /** The member that leads, as last looked up (undefined: unknown, requests go to every member). */
-  get leaderIndex(): number | undefined {
-    return this.#leader ? this.#members.indexOf(this.#leader) : undefined;
-  }
-
   /** Looks the leader up again (one `Status` per member, in parallel). */
   refresh(): Promise<void> {
     if (this.#closed) return Promise.resolve();

@@ -94,11 +94,6 @@ export class LockWatches {
     return watch.add(follow, settle);
   }
 
-  /** Open lock watches (following or lingering): for tests and `inspect`-like diagnostics. */
-  get size(): number {
-    return this.#watches.size;
-  }
-
   close(): void {
     this.#closed = true;
     for (const timer of this.#idle.values()) clearTimeout(timer);
