@@ -570,7 +570,7 @@ function defaultHolderName(): string {
   return `${host.slice(0, 100)}:${process.pid}`;
 }
 
-/** 128 random bits; the secret that proves ownership to the coordinator (I4). */
+/** A random UUID without its dashes (122 random bits, from the platform CSPRNG): the secret that proves ownership to the coordinator (I4). */
 function newOwnerId(): string {
   return globalThis.crypto.randomUUID().replace(/-/g, '');
 }
