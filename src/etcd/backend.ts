@@ -228,7 +228,7 @@ export function etcdBackend(options: EtcdBackendOptions): Backend {
     const hosts = checkHosts(o.hosts);
     const pool = new Etcd3(ownClientOptions(hosts));
     if (hosts.length > 1 && (o.preferLeader ?? ETCD_DEFAULTS.preferLeader)) {
-      // A request to the leader that fails goes to the pool, which tries other members: no retry on the leader itself.
+      // One client per member, each trying its member once: the route picks the next member itself.
       const route = new LeaderRoute(pool, hosts, (h) => ownClientOptions([h], 1), timeoutMs);
       client = route.client;
       owned = () => {

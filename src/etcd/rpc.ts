@@ -182,7 +182,7 @@ export function mapError(what: string, error: unknown): LeaseholdError {
  * `instanceof`, also across two copies of the etcd3 package (a client the user built with their
  * own copy): then the class is recognised by its constructor's name.
  */
-function isA(error: unknown, cls: new (...args: never[]) => Error): boolean {
+export function isA(error: unknown, cls: new (...args: never[]) => Error): boolean {
   if (error instanceof cls) return true;
   return typeof error === 'object' && error !== null && (error as { constructor?: { name?: string } }).constructor?.name === cls.name;
 }

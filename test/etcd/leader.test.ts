@@ -8,7 +8,7 @@ import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js
 import { etcdBackend } from '../../src/etcd/index.js';
 import { agreedLeader } from '../../src/etcd/route.js';
 import { startCluster, type Cluster, type Member } from '../fixtures/etcd-cluster.mjs';
-import { eventually, uniqueName } from '../helpers/env.js';
+import { eventually, sleep, uniqueName } from '../helpers/env.js';
 
 describe('which member leads, from every member\'s Status', () => {
   const status = (member: string, leader: string) => ({ leader, header: { member_id: member } });
@@ -102,6 +102,44 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     await work(spread, 30);
     const txns2 = delta(await received(), before2, 'Txn');
     expect(txns2.filter((n) => n > 0).length).toBeGreaterThanOrEqual(2); // random member per request
+  });
+
+  it('a frozen leader costs one deadline: once a request ran into it, requests go to the others until it answers again', async () => {
+    const b = backend();
+    await work(b, 2);
+    const frozen = await cluster.leader();
+    let stop = false;
+    const done: number[] = [];
+    // Requests only (grants and releases of a free key on a lease of its own: no watch, no stream).
+    const key = uniqueName('frozen');
+    let n = 0;
+    const loop = (async () => {
+      while (!stop) {
+        try {
+          const owner = `f${++n}`;
+          const r = await b.acquire(request(key, owner));
+          if (r.granted) await b.release({ key, owner, token: r.token, mode: 'exclusive' });
+          done.push(performance.now());
+        } catch {
+          // a request that ran into the frozen member's deadline, or no leader yet
+        }
+      }
+    })();
+    await sleep(300);
+    const frozenAt = performance.now();
+    frozen.freeze();
+    try {
+      await sleep(3_500);
+      // After one deadline (1 s here) and the election, the loop runs on the other two members at
+      // full speed; were the frozen member still picked at random, a third of the requests would wait 1 s.
+      const lastStretch = done.filter((t) => t > frozenAt + 2_000 && t <= frozenAt + 3_500).length;
+      expect(lastStretch).toBeGreaterThanOrEqual(120); // measured: 263–320; with the frozen member still picked: 1–83
+    } finally {
+      frozen.thaw();
+      stop = true;
+      await loop;
+      await cluster.waitHealthy();
+    }
   });
 
   it('the leader killed: work goes on through the other members, then every request goes to the new leader; a bad preferLeader is refused', async () => {
