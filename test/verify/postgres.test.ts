@@ -75,7 +75,9 @@ describe('leasehold verify on PostgreSQL', () => {
     const effects = faultEffects(events);
     expect(effects.delayedRefused.length, 'a write held by the delay, refused by the fence once delivered').toBeGreaterThanOrEqual(1);
     expect(effects.lostAfterResume.length, 'a frozen holder signalled lost right after SIGCONT').toBeGreaterThanOrEqual(1);
-    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT/);
+    // The I6 check reports the freeze: as a take-over from a frozen holder, or (when the take-over
+    // was by a worker on a slowed clock, which I6 does not judge) as a lease that ran out during it.
+    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT|\b[1-9]\d* leases ran out during a freeze, each known ≤ \d+ ms after SIGCONT/);
     expect(effects.skewed.length, 'a worker ran on a skewed clock').toBeGreaterThanOrEqual(1);
   }, 180_000);
 });

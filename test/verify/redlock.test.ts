@@ -39,7 +39,9 @@ describe('leasehold verify on Redlock', () => {
     // The delay proxies sit in front of all three servers: the held bytes were delivered.
     expect(events.some((e) => e.type === 'delay-end' && e.heldBytes > 0)).toBe(true);
     expect(faultEffects(events).lostAfterResume.length).toBeGreaterThanOrEqual(1);
-    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT/);
+    // The I6 check reports the freeze: as a take-over from a frozen holder, or (when the take-over
+    // was by a worker on a slowed clock, which I6 does not judge) as a lease that ran out during it.
+    expect(i6Summary(tail)).toMatch(/\b[1-9]\d* frozen, knew right after SIGCONT|\b[1-9]\d* leases ran out during a freeze, each known ≤ \d+ ms after SIGCONT/);
   }, 120_000);
 
   it('local:redlock: passes under every nemesis; each crash kills one of the three servers, in turn, and restarts it', async () => {
