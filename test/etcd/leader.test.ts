@@ -109,17 +109,18 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     await work(b, 2);
     const frozen = await cluster.leader();
     let stop = false;
-    const done: number[] = [];
+    const done: { at: number; ms: number }[] = [];
     // Requests only (grants and releases of a free key on a lease of its own: no watch, no stream).
     const key = uniqueName('frozen');
     let n = 0;
     const loop = (async () => {
       while (!stop) {
+        const started = performance.now();
         try {
           const owner = `f${++n}`;
           const r = await b.acquire(request(key, owner));
           if (r.granted) await b.release({ key, owner, token: r.token, mode: 'exclusive' });
-          done.push(performance.now());
+          done.push({ at: performance.now(), ms: performance.now() - started });
         } catch {
           // a request that ran into the frozen member's deadline, or no leader yet
         }
@@ -130,10 +131,14 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     frozen.freeze();
     try {
       await sleep(3_500);
-      // After one deadline (1 s here) and the election, the loop runs on the other two members at
-      // full speed; were the frozen member still picked at random, a third of the requests would wait 1 s.
-      const lastStretch = done.filter((t) => t > frozenAt + 2_000 && t <= frozenAt + 3_500).length;
-      expect(lastStretch).toBeGreaterThanOrEqual(120); // measured: 263–320; with the frozen member still picked: 1–83
+      // After one deadline (1 s here) and the election, the loop runs on the other two members and
+      // no request waits for the frozen one again; were it still picked at random, a third of the
+      // requests would wait the 1 s deadline there.
+      const lastStretch = done.filter((d) => d.at - d.ms > frozenAt + 2_000 && d.at <= frozenAt + 3_500);
+      expect(lastStretch.length).toBeGreaterThanOrEqual(5); // measured: 263–320 (1–83 with the frozen member still picked)
+      expect(lastStretch.filter((d) => d.ms >= 900)).toEqual([]);
+      // Over the whole freeze, one pair waited the deadline: the one whose request met the frozen leader.
+      expect(done.filter((d) => d.at > frozenAt && d.ms >= 900).length).toBeLessThanOrEqual(1);
     } finally {
       frozen.thaw();
       stop = true;
