@@ -4,10 +4,13 @@
  * `/` separator):
  *
  * ```
- * <prefix><enc key>/q/e/<enc owner>   an exclusive request: a waiter, then the holder
- * <prefix><enc key>/q/s/<enc owner>   a shared request
- * <prefix><enc key>/d/<enc owner>     the lock-delay marker of a holder with lockDelayMs > 0
+ * <prefix><enc key>/q/e/<name>   an exclusive request: a waiter, then the holder
+ * <prefix><enc key>/q/s/<name>   a shared request
+ * <prefix><enc key>/d/<name>     the lock-delay marker of a holder with lockDelayMs > 0
  * ```
+ *
+ * A name stands for one request of one client (the backend's names, reused once both keys of a
+ * name are deleted; the functions below take any string and encode it).
  *
  * A request's create revision is its place in the queue and, once granted, its fencing token.
  */
@@ -54,12 +57,12 @@ export class KeyLayout {
     this.delays = `${this.base}d/`;
   }
 
-  entry(mode: LockMode, owner: string): string {
-    return `${this.queue}${MODE_TAG[mode]}/${encodePart(owner)}`;
+  entry(mode: LockMode, name: string): string {
+    return `${this.queue}${MODE_TAG[mode]}/${encodePart(name)}`;
   }
 
-  delay(owner: string): string {
-    return `${this.delays}${encodePart(owner)}`;
+  delay(name: string): string {
+    return `${this.delays}${encodePart(name)}`;
   }
 }
 

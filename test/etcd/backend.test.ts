@@ -184,7 +184,8 @@ describe('etcd backend', () => {
     const locks2 = locks();
     const next = locks2.acquire(k2, { ttlMs: 1_000, waitMs: 10_000 });
     await eventually(async () => (await locks2.inspect(k2))[0]?.waiters === 1, 5_000);
-    await etcd.delete().key(new KeyLayout(prefix, k2).entry('exclusive', 'stuck'));
+    const first = (await raw(k2)).filter((kv) => kv.key.toString().includes('/q/')).sort((a, b) => Number(BigInt(a.create_revision) - BigInt(b.create_revision)))[0]!;
+    await etcd.delete().key(first.key.toString()); // the stuck waiter: first in line
     expect((await next).held).toBe(true);
     await w.sessions!.close(stuckSession.id);
   });
@@ -300,7 +301,8 @@ describe('etcd backend', () => {
     if (busy.granted) throw new Error(`${name} was granted`);
     const calls: (HandOff | undefined)[] = [];
     const unsubscribe = await b.subscribe!(k, (h) => calls.push(h), busy.cursor);
-    const entry = (await raw(k)).find((kv) => kv.key.toString().endsWith(`/${encodePart(name)}`))!;
+    // (its entry is the newest under the lock: keys carry the backend's request names, not owners)
+    const entry = (await raw(k)).filter((kv) => kv.key.toString().includes('/q/')).sort((a, b) => Number(BigInt(b.create_revision) - BigInt(a.create_revision)))[0]!;
     return { b, name, session: session.id, calls, unsubscribe, token: BigInt(entry.create_revision) };
   };
 
@@ -404,6 +406,70 @@ describe('etcd backend', () => {
     if (handOff) await w.release({ key: k, owner: 'w', token: handOff.token, mode: 'exclusive' });
     return calls;
   };
+
+  /** Every key created under a lock's directory between two revisions (etcd keeps the history until compaction). */
+  const createdKeys = async (k: string, from: bigint): Promise<Set<string>> => {
+    const keys = new Set<string>();
+    const watcher = await etcd.watch().prefix(new KeyLayout(prefix, k).base).startRevision(String(from)).create();
+    let last = performance.now();
+    watcher.on('put', (kv) => {
+      keys.add(kv.key.toString());
+      last = performance.now();
+    });
+    while (performance.now() - last < 500) await sleep(100);
+    await watcher.cancel();
+    return keys;
+  };
+
+  it('a lock used many times keeps a few keys: a request key is named for reuse, not after its owner', async () => {
+    // etcd keeps every deleted key in its index until a compaction, and each grant's guards range
+    // over the lock: keys named after each request's owner made a busy lock slower and slower.
+    const k = key('names');
+    const from = BigInt((await etcd.get(`${prefix}nothing`).exec()).header.revision) + 1n;
+    const one = locks();
+    const tokens: bigint[] = [];
+    for (let i = 0; i < 40; i++) {
+      const lease = await one.acquire(k, { ttlMs: 2_000 });
+      tokens.push(lease.token);
+      await lease.release();
+    }
+    // four clients, two requests of each in flight at a time, on the same lock
+    const clients = [locks(), locks(), locks(), locks()];
+    await Promise.all(
+      clients.flatMap((c) => [0, 1].map(async () => {
+        for (let i = 0; i < 8; i++) {
+          const lease = await c.acquire(k, { ttlMs: 2_000, waitMs: 20_000 });
+          tokens.push(lease.token);
+          await lease.release();
+        }
+      })),
+    );
+    const created = await createdKeys(k, from);
+    // 40 + 64 requests: one name for the first client, at most two for each of the others
+    expect(created.size).toBeGreaterThanOrEqual(2);
+    expect(created.size).toBeLessThanOrEqual(1 + 4 * 2);
+    // every grant still got a token of its own
+    expect(new Set(tokens).size).toBe(tokens.length);
+    expect(await raw(k)).toHaveLength(0);
+  });
+
+  it('a name whose grant ended without its release is not used again while its lock-delay marker runs', async () => {
+    // Reusing it would make the marker look like the new request's own (dormant) and end the delay early (I8).
+    const k = key('retired');
+    const l = locks();
+    const lease = await l.acquire(k, { ttlMs: 2_000, lockDelayMs: 3_000, autoRenew: false });
+    const [entry] = (await raw(k)).filter((kv) => kv.key.toString().includes('/q/'));
+    // the grant's own lease is revoked behind the client's back: the entry goes, the marker (on a lease of its own) stays
+    await etcd.leaseClient.leaseRevoke({ ID: entry!.lease });
+    const revokedAt = performance.now();
+    await lease.release(); // finds nothing to release
+    const next = await l.acquire(k, { ttlMs: 2_000, waitMs: 15_000 });
+    // the marker's lease: the grant's ttl + lockDelayMs + 1 s, from the grant
+    expect(performance.now() - revokedAt).toBeGreaterThanOrEqual(3_000);
+    expect(next.token).toBeGreaterThan(lease.token);
+    const names = (await raw(k)).filter((kv) => kv.key.toString().includes('/q/')).map((kv) => kv.key.toString());
+    expect(names).not.toContain(entry!.key.toString());
+  });
 
   it('a client that waits on the same lock again joins the watch it keeps there: no new watch and no read per wait', async () => {
     const k = key('linger');
