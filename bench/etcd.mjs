@@ -3,19 +3,21 @@
 // the same etcd.
 //
 //   npm run bench -- etcd [--members 1] [--prefer-leader true] [--iterations 500] [--seconds 5] [--workers 8] [--rounds 3]
-//                         [--poll-ms 5] [--outside-ms 0,2] [--hosts http://h1:2379,http://h2:2379]
+//                         [--poll-ms 5] [--scenarios 0/0,0/2,1/0] [--hosts http://h1:2379,http://h2:2379]
 //
 // Starts its own etcd (--members members on free loopback ports, etcd's default timings, in a
 // temporary directory removed at the end) unless --hosts names a running cluster; the binary is
 // LEASEHOLD_TEST_ETCD, else `etcd` on PATH. Measures, in rounds that alternate the two sides:
 // - uncontended: acquire + release pairs per second, one client, one key, in sequence;
 // - contended: --workers clients (each its own etcd client, as separate processes would have) loop
-//   acquire → release → (--outside-ms of work outside the lock) on one key for --seconds; critical
+//   acquire → (hold) → release → (work outside the lock) on one key for --seconds; critical
 //   sections per second, and hand-off = from the holder's release() call to the next grant *to
 //   another worker*, on one clock. etcd3's Lock cannot wait: its callers retry every --poll-ms after
 //   EtcdLockFailedError, and a worker that releases and asks again at once usually gets the key back
 //   before the pollers notice (barging), so the share of grants that went back to the worker that
-//   had just released is printed too. --outside-ms takes a list: each value is one contended scenario;
+//   had just released is printed too. --scenarios lists the contended runs as HOLD/OUTSIDE in ms
+//   (0/0: release and ask again at once, the worst case for a queue; 1/0: ~1 ms inside the lock, as
+//   the Redis benchmark holds); --outside-ms 0,2 is short for 0/0,0/2;
 // - round trips: gRPC messages etcd received (its own /metrics, every member), per acquire+release.
 // Prints figures; never fails on them.
 import os from 'node:os';
@@ -36,7 +38,12 @@ const SECONDS = Number(opt('seconds', 5));
 const WORKERS = Number(opt('workers', 8));
 const ROUNDS = Number(opt('rounds', 3));
 const POLL_MS = Number(opt('poll-ms', 5));
-const OUTSIDE = opt('outside-ms', '0,2').split(',').map(Number);
+const SCENARIOS = (opt('outside-ms', undefined) !== undefined ? opt('outside-ms').split(',').map((x) => `0/${x}`) : opt('scenarios', '0/0,0/2,1/0').split(','))
+  .map((x) => {
+    const [hold, outside] = x.split('/').map(Number);
+    if (!Number.isFinite(hold) || !Number.isFinite(outside) || hold < 0 || outside < 0) throw new Error(`--scenarios: ${x} is not HOLD/OUTSIDE in ms`);
+    return { hold, outside, label: `${hold} ms held, ${outside} ms outside` };
+  });
 const HOSTS = opt('hosts', undefined)?.split(',');
 const PREFER_LEADER = opt('prefer-leader', 'true') !== 'false'; // leasehold's preferLeader (with several members)
 const TTL_MS = 30_000;
@@ -60,6 +67,15 @@ async function serverMessages(endpoints) {
     }
   }
   return byMethod;
+}
+/** Raft work so far on the member that leads: entries committed and WAL fsyncs (each fsync is one batch of entries). */
+async function leaderRaft(endpoints) {
+  for (const url of endpoints) {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const value = (name) => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+]+)$`, 'm').exec(text)?.[1] ?? NaN);
+    if (value('etcd_server_is_leader') === 1) return { committed: value('etcd_server_proposals_committed_total'), fsyncs: value('etcd_disk_wal_fsync_duration_seconds_count') };
+  }
+  return { committed: NaN, fsyncs: NaN };
 }
 const total = (byMethod) => Object.values(byMethod).reduce((a, b) => a + b, 0);
 function diff(after, before) {
@@ -114,7 +130,7 @@ async function uncontended(name, hosts, endpoints) {
   return { perSecond: (ITERATIONS * 1000) / elapsed, perPair: total(messages) / ITERATIONS, messages };
 }
 
-async function contended(name, hosts, endpoints, outsideMs) {
+async function contended(name, hosts, endpoints, { hold: holdMs, outside: outsideMs }) {
   const clients = Array.from({ length: WORKERS }, () => sides[name](hosts));
   const key = freshKey(`c-${name}`);
   for (const c of clients) await (await c.acquire(freshKey('warm')))();
@@ -128,6 +144,7 @@ async function contended(name, hosts, endpoints, outsideMs) {
   const perWorker = new Array(WORKERS).fill(0);
   let stop = false;
   const before = await serverMessages(endpoints);
+  const raftBefore = await leaderRaft(endpoints);
   const start = performance.now();
   const deadline = start + SECONDS * 1000;
   await Promise.all(
@@ -141,6 +158,7 @@ async function contended(name, hosts, endpoints, outsideMs) {
         grants++;
         perWorker[w]++;
         if (now >= deadline) stop = true;
+        if (holdMs > 0) await sleep(holdMs);
         inside--;
         releasedAt = performance.now();
         releasedBy = w;
@@ -151,6 +169,7 @@ async function contended(name, hosts, endpoints, outsideMs) {
   );
   const elapsed = performance.now() - start;
   const messages = diff(await serverMessages(endpoints), before);
+  const raftAfter = await leaderRaft(endpoints);
   await Promise.all(clients.map((c) => c.close()));
   handoffs.sort((a, b) => a - b);
   return {
@@ -158,6 +177,8 @@ async function contended(name, hosts, endpoints, outsideMs) {
     p50: percentile(handoffs, 0.5),
     p99: percentile(handoffs, 0.99),
     perAcquire: total(messages) / grants,
+    entries: (raftAfter.committed - raftBefore.committed) / grants,
+    fsyncs: (raftAfter.fsyncs - raftBefore.fsyncs) / grants,
     messages,
     overlaps,
     grants,
@@ -184,7 +205,7 @@ async function main() {
     }
     console.log(`leasehold etcd benchmark — ${new Date().toISOString()}`);
     console.log(`machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}; node ${process.version}; etcd ${version}, ${HOSTS ? `external (${hosts.join(',')})` : `${MEMBERS} member(s) on loopback, default timings, data in ${os.tmpdir()}`}`);
-    console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, ${OUTSIDE.join(' and ')} ms of work outside the lock; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s; leasehold preferLeader ${PREFER_LEADER}\n`);
+    console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, scenarios (held / outside the lock) ${SCENARIOS.map((x) => `${x.hold}/${x.outside} ms`).join(', ')}; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s; leasehold preferLeader ${PREFER_LEADER}\n`);
 
     // One raft write, timed alone (in sequence) at the start and in every round: every hand-off
     // needs the release committed, so 1000 / this is a ceiling on critical sections/s for any lock.
@@ -197,15 +218,15 @@ async function main() {
     const puts = [];
     console.log(`one etcd write (put) takes ${(await putMs()).toFixed(2)} ms here\n`);
 
-    const results = { leasehold: { u: [], c: OUTSIDE.map(() => []) }, etcd3: { u: [], c: OUTSIDE.map(() => []) } };
+    const results = { leasehold: { u: [], c: SCENARIOS.map(() => []) }, etcd3: { u: [], c: SCENARIOS.map(() => []) } };
     for (let r = 0; r < ROUNDS; r++) {
       const order = r % 2 === 0 ? ['leasehold', 'etcd3'] : ['etcd3', 'leasehold'];
       for (const name of order) results[name].u.push(await uncontended(name, hosts, hosts));
       puts.push(await putMs());
       const parts = [`round ${r + 1}: put ${puts[r].toFixed(2)} ms; uncontended ${order.map((n) => `${n} ${results[n].u[r].perSecond.toFixed(0)}/s`).join(', ')}`];
-      for (const [i, outside] of OUTSIDE.entries()) {
-        for (const name of order) results[name].c[i].push(await contended(name, hosts, hosts, outside));
-        parts.push(`contended (outside ${outside} ms) ${order.map((n) => { const c = results[n].c[i][r]; return `${n} ${c.perSecond.toFixed(0)}/s p50 ${c.p50.toFixed(2)} ms`; }).join(', ')}`);
+      for (const [i, scenario] of SCENARIOS.entries()) {
+        for (const name of order) results[name].c[i].push(await contended(name, hosts, hosts, scenario));
+        parts.push(`contended (${scenario.label}) ${order.map((n) => { const c = results[n].c[i][r]; return `${n} ${c.perSecond.toFixed(0)}/s p50 ${c.p50.toFixed(2)} ms`; }).join(', ')}`);
       }
       console.log(parts.join('; '));
     }
@@ -222,6 +243,8 @@ async function main() {
         p50: median(c.map((x) => x.p50)),
         p99: median(c.map((x) => x.p99)),
         perAcquire: median(c.map((x) => x.perAcquire)),
+        entries: median(c.map((x) => x.entries)),
+        fsyncs: median(c.map((x) => x.fsyncs)),
         regrab: median(c.map((x) => x.regrabShare)),
         min: median(c.map((x) => x.minShare)),
         max: median(c.map((x) => x.maxShare)),
@@ -242,10 +265,10 @@ async function main() {
       ['  ceiling from writes alone: 1000 / (writes per pair × put)', f0(1000 / (2 * put)), f0(1000 / (3 * put)), '1.50×'],
       ['etcd requests per uncontended acquire+release', f2(uL.perPair), f2(uE.perPair), ''],
     ];
-    for (const [i, outside] of OUTSIDE.entries()) {
+    for (const [i, scenario] of SCENARIOS.entries()) {
       const L = cSummary('leasehold', i);
       const E = cSummary('etcd3', i);
-      const label = `${WORKERS} workers, ${outside} ms outside`;
+      const label = `${WORKERS} workers, ${scenario.label}`;
       rows.push(
         [`contended critical sections /s (${label})`, f0(L.perSecond), f0(E.perSecond), `${(L.perSecond / E.perSecond).toFixed(2)}×`],
         ['  ceiling for any lock: one committed release per hand-off, 1000 / put', f0(1000 / put), '', `${(1000 / put / E.perSecond).toFixed(2)}× etcd3`],
@@ -254,10 +277,13 @@ async function main() {
         ['  grants back to the worker that just released', pct(L.regrab), pct(E.regrab), ''],
         ['  grants of the least / most served worker', `${pct(L.min)} / ${pct(L.max)}`, `${pct(E.min)} / ${pct(E.max)}`, ''],
         ['  etcd requests per contended acquire+release', f2(L.perAcquire), f2(E.perAcquire), ''],
+        ['  raft entries committed per section (leader)', f2(L.entries), f2(E.entries), ''],
+        // entries that share a batch share an fsync: as many fsyncs as entries means each write had a round of its own
+        ['  WAL fsyncs per section (leader)', f2(L.fsyncs), f2(E.fsyncs), ''],
         ['  overlapping holders seen', String(L.overlaps), String(E.overlaps), ''],
       );
       const fmt = (m, n) => Object.entries(m).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${(v / n).toFixed(2)}`).join(', ');
-      console.log(`requests by method per contended acquire (${outside} ms outside) — leasehold: ${fmt(L.messages, L.grants)}; etcd3: ${fmt(E.messages, E.grants)}`);
+      console.log(`requests by method per contended acquire (${scenario.label}) — leasehold: ${fmt(L.messages, L.grants)}; etcd3: ${fmt(E.messages, E.grants)}`);
     }
     const fmt = (m, n) => Object.entries(m).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${(v / n).toFixed(2)}`).join(', ');
     console.log(`requests by method per uncontended pair — leasehold: ${fmt(uL.messages, ITERATIONS)}; etcd3: ${fmt(uE.messages, ITERATIONS)}`);
