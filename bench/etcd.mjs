@@ -69,13 +69,16 @@ async function serverMessages(endpoints) {
   return byMethod;
 }
 /** Raft work so far on the member that leads: entries committed and WAL fsyncs (each fsync is one batch of entries). */
-async function leaderRaft(endpoints) {
+// A run whose leader changed reads NaN (shown as —): its counters are another member's.
+async function leaderRaft(endpoints, before) {
   for (const url of endpoints) {
     const text = await (await fetch(`${url}/metrics`)).text();
     const value = (name) => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+]+)$`, 'm').exec(text)?.[1] ?? NaN);
-    if (value('etcd_server_is_leader') === 1) return { committed: value('etcd_server_proposals_committed_total'), fsyncs: value('etcd_disk_wal_fsync_duration_seconds_count') };
+    if (value('etcd_server_is_leader') !== 1) continue;
+    if (before && before.url !== url) break;
+    return { url, committed: value('etcd_server_proposals_committed_total'), fsyncs: value('etcd_disk_wal_fsync_duration_seconds_count') };
   }
-  return { committed: NaN, fsyncs: NaN };
+  return { url: undefined, committed: NaN, fsyncs: NaN };
 }
 const total = (byMethod) => Object.values(byMethod).reduce((a, b) => a + b, 0);
 function diff(after, before) {
@@ -169,7 +172,7 @@ async function contended(name, hosts, endpoints, { hold: holdMs, outside: outsid
   );
   const elapsed = performance.now() - start;
   const messages = diff(await serverMessages(endpoints), before);
-  const raftAfter = await leaderRaft(endpoints);
+  const raftAfter = await leaderRaft(endpoints, raftBefore);
   await Promise.all(clients.map((c) => c.close()));
   handoffs.sort((a, b) => a - b);
   return {
@@ -233,6 +236,7 @@ async function main() {
 
     const f0 = (x) => x.toFixed(0);
     const f2 = (x) => x.toFixed(2);
+    const orDash = (x) => (Number.isFinite(x) ? f2(x) : '—'); // no member said it leads (or its /metrics was out of reach)
     const pct = (x) => `${(100 * x).toFixed(0)} %`;
     const uSummary = (name) => ({ perSecond: median(results[name].u.map((x) => x.perSecond)), perPair: median(results[name].u.map((x) => x.perPair)), messages: results[name].u[Math.floor(ROUNDS / 2)].messages });
     const cSummary = (name, i) => {
@@ -277,9 +281,9 @@ async function main() {
         ['  grants back to the worker that just released', pct(L.regrab), pct(E.regrab), ''],
         ['  grants of the least / most served worker', `${pct(L.min)} / ${pct(L.max)}`, `${pct(E.min)} / ${pct(E.max)}`, ''],
         ['  etcd requests per contended acquire+release', f2(L.perAcquire), f2(E.perAcquire), ''],
-        ['  raft entries committed per section (leader)', f2(L.entries), f2(E.entries), ''],
+        ['  raft entries committed per section (leader)', orDash(L.entries), orDash(E.entries), ''],
         // entries that share a batch share an fsync: as many fsyncs as entries means each write had a round of its own
-        ['  WAL fsyncs per section (leader)', f2(L.fsyncs), f2(E.fsyncs), ''],
+        ['  WAL fsyncs per section (leader)', orDash(L.fsyncs), orDash(E.fsyncs), ''],
         ['  overlapping holders seen', String(L.overlaps), String(E.overlaps), ''],
       );
       const fmt = (m, n) => Object.entries(m).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${(v / n).toFixed(2)}`).join(', ');
