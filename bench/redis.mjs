@@ -1,9 +1,10 @@
 #!/usr/bin/env node
-// `npm run bench -- redis [--seconds 2] [--rounds 3] [--url redis://…] [--only uncontended,contended,commands,renewals]`
+// `npm run bench -- redis [--seconds 2] [--rounds 3] [--url redis://…] [--only uncontended,contended,commands,renewals,server]`
 //
 // leasehold's Redis backend side by side with redlock 5 (defaults, and tuned to 1 ms polling),
 // redis-semaphore 5 (Mutex, defaults) and a hand-written floor (SET NX PX + compare-and-delete
-// script, polling every 1 ms when busy), on one redis-server started for the run (no
+// script, polling every 1 ms when busy), and, uncontended only, leasehold's two calls sent raw
+// (leasehold-calls: the server-side cost alone), on one redis-server started for the run (no
 // persistence) unless --url is given. Rounds are interleaved (every library runs each scenario
 // once per round, in turn), so drift of this machine hits all alike. Prints figures, never fails
 // on them. Commands per critical section and renewal commands are counted in separate runs under
@@ -11,7 +12,7 @@
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
-import { tmpdir, cpus, totalmem } from 'node:os';
+import { tmpdir, cpus, totalmem, hostname } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
@@ -19,6 +20,7 @@ import Redlock from 'redlock';
 import { Mutex } from 'redis-semaphore';
 import { Locks } from '../dist/core/locks.js';
 import { CLIENT_DEFAULTS, redisBackend } from '../dist/redis/index.js';
+import { REDIS_DEFAULTS, REDIS_LIBRARY } from '../dist/redis/backend.js';
 
 const argv = process.argv.slice(2);
 const opt = (name, dflt) => {
@@ -59,6 +61,32 @@ const contenders = {
         await locks.close();
         await client.quit();
       },
+    };
+  },
+  // leasehold's two Redis calls alone: the backend's acquire and release functions (FCALL, the
+  // arguments it sends for a waiting caller with a session), straight from one ioredis client, with
+  // no leasehold code in Node. Uncontended runs only (a busy answer is an error here): what the
+  // server-side work caps any client at.
+  'leasehold-calls': async (url) => {
+    const client = new Redis(url);
+    await client.call('FUNCTION', 'LOAD', 'REPLACE', REDIS_LIBRARY.source);
+    const acquire = REDIS_LIBRARY.functionName('acquire');
+    const release = REDIS_LIBRARY.functionName('release');
+    const retain = String(REDIS_DEFAULTS.retainMs);
+    const session = `calls${process.pid}`;
+    const sessionKey = `${REDIS_DEFAULTS.prefix}session:${session}`;
+    await client.call('FCALL', REDIS_LIBRARY.functionName('session_open'), 1, sessionKey, String(TTL));
+    const label = `${hostname()}:${process.pid}`;
+    let n = 0;
+    return {
+      lock: async (key) => {
+        const lockKey = `${REDIS_DEFAULTS.prefix}{${key}}`;
+        const owner = `calls-${process.pid}-${++n}`;
+        const token = await client.call('FCALL', acquire, 2, lockKey, sessionKey, owner, 'e', String(TTL), '0', label, session, retain, '2000', '');
+        if (typeof token !== 'string') throw new Error(`leasehold-calls: ${key} not granted: ${JSON.stringify(token)}`);
+        return () => client.call('FCALL', release, 1, lockKey, owner, token, retain);
+      },
+      close: async () => client.quit(),
     };
   },
   redlock: async (url) => redlockContender(url, {}),
@@ -309,6 +337,84 @@ async function renewals(name, url) {
   return { perInterval: commands / intervals, perSecond: commands / ((intervals * intervalMs) / 1000), cadence };
 }
 
+/**
+ * Server time per acquire+release pair, from INFO commandstats: the usec Redis spent in each command
+ * the client sent (a script's redis.calls included), as differences of two readings, so a --url
+ * server's own stats are left alone. Four pairs, sequential on one client: leasehold's two functions
+ * as its backend calls them on a free key; two functions making the same 8 redis.calls with
+ * constant arguments and none of the logic around them; two empty functions taking the same
+ * arguments; the floor's SET NX PX and compare-and-delete script.
+ */
+async function serverCost(url, pairs = 20_000) {
+  const client = new Redis(url);
+  const minimal = `#!lua name=leasehold_bench_min
+redis.register_function('bench_min_acquire', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  redis.call('HGET', KEYS[2], 'e')
+  redis.call('HMGET', KEYS[1], 't', 's')
+  redis.call('HSET', KEYS[1], 't', t[1], 's', '1', 'h:' .. ARGV[1], ARGV[2])
+  redis.call('PERSIST', KEYS[1])
+  return t[1]
+end)
+redis.register_function('bench_min_release', function(KEYS, ARGV)
+  redis.call('HMGET', KEYS[1], 'h:' .. ARGV[1], 's')
+  redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1], 's')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end)
+redis.register_function('bench_min_empty', function() return 1 end)`;
+  await client.call('FUNCTION', 'LOAD', 'REPLACE', REDIS_LIBRARY.source);
+  await client.call('FUNCTION', 'LOAD', 'REPLACE', minimal);
+  client.defineCommand('cad', { numberOfKeys: 1, lua: CAD });
+  const retain = String(REDIS_DEFAULTS.retainMs);
+  const session = `cost${process.pid}`;
+  const sessionKey = `${REDIS_DEFAULTS.prefix}session:${session}`;
+  await client.call('FCALL', REDIS_LIBRARY.functionName('session_open'), 1, sessionKey, String(TTL));
+  const label = `${hostname()}:${process.pid}`;
+  const usec = async () => {
+    let total = 0;
+    for (const line of (await client.info('commandstats')).split('\n')) {
+      // the commands the client sent: a script's own usec already holds the redis.calls inside it
+      const m = /^cmdstat_(?:fcall|evalsha|set):calls=\d+,usec=(\d+)/.exec(line);
+      if (m) total += Number(m[1]);
+    }
+    return total;
+  };
+  const pair = {
+    functions: async (i) => {
+      const k = `${REDIS_DEFAULTS.prefix}{cost:${i % 64}}`;
+      const owner = `cost-${i}`;
+      const token = await client.call('FCALL', REDIS_LIBRARY.functionName('acquire'), 2, k, sessionKey, owner, 'e', String(TTL), '0', label, session, retain, '2000', '');
+      await client.call('FCALL', REDIS_LIBRARY.functionName('release'), 1, k, owner, token, retain);
+    },
+    'same redis.calls': async (i) => {
+      const k = `bench:{min:${i % 64}}`;
+      const record = `e|1|0|0|${session}|${label}`;
+      await client.call('FCALL', 'bench_min_acquire', 2, k, sessionKey, `cost-${i}`, record, String(TTL), '0', label, session, retain, '2000', '');
+      await client.call('FCALL', 'bench_min_release', 1, k, `cost-${i}`, '1', retain);
+    },
+    'empty functions': async (i) => {
+      await client.call('FCALL', 'bench_min_empty', 2, 'bench:{empty}', sessionKey, `cost-${i}`, 'e', String(TTL), '0', label, session, retain, '2000', '');
+      await client.call('FCALL', 'bench_min_empty', 1, 'bench:{empty}', `cost-${i}`, '1', retain);
+    },
+    floor: async (i) => {
+      const token = `cost-${i}`;
+      await client.set(`bench:floor:${i % 64}`, token, 'PX', TTL, 'NX');
+      await client.cad(`bench:floor:${i % 64}`, token);
+    },
+  };
+  const out = {};
+  for (const [name, run] of Object.entries(pair)) {
+    for (let i = 0; i < 200; i++) await run(i); // warm-up
+    const before = await usec();
+    for (let i = 0; i < pairs; i++) await run(i);
+    out[name] = ((await usec()) - before) / pairs;
+  }
+  await client.call('FUNCTION', 'DELETE', 'leasehold_bench_min');
+  await client.quit();
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Child process of the 4-process contended run
 // ---------------------------------------------------------------------------------------------
@@ -351,10 +457,10 @@ const version = /redis_version:(\S+)/.exec(await admin.info('server'))[1];
 
 const seconds = Number(opt('seconds', '2'));
 // --only runs some parts (default all): quicker runs while tuning; the recorded figures come from full runs.
-const only = new Set(opt('only', 'uncontended,contended,commands,renewals').split(','));
+const only = new Set(opt('only', 'uncontended,contended,commands,renewals,server').split(','));
 const rounds = Number(opt('rounds', '3'));
 const names = ['leasehold', 'redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
-const uncontendedNames = ['leasehold', 'leasehold-autopipe', 'redlock', 'redis-semaphore', 'floor'];
+const uncontendedNames = ['leasehold', 'leasehold-autopipe', 'leasehold-calls', 'redlock', 'redis-semaphore', 'floor'];
 const renewalNames = ['leasehold', 'redlock', 'redis-semaphore', 'floor'];
 const results = {};
 const add = (figure, name, value) => ((results[figure] ??= {})[name] ??= []).push(value);
@@ -404,6 +510,12 @@ for (const name of only.has('renewals') ? renewalNames : []) {
   add('renewal commands per second, same run', name, r.perSecond);
   cadences[name] = r.cadence;
 }
+process.stderr.write('\nserver time per pair (INFO commandstats):');
+const serverRounds = [];
+for (let round = 0; round < (only.has('server') ? rounds : 0); round++) {
+  process.stderr.write(` ${round + 1}`);
+  serverRounds.push(await serverCost(url));
+}
 process.stderr.write('\n\n');
 
 // Median of the rounds; ratios of leasehold to each peer.
@@ -412,7 +524,7 @@ const median = (xs) => {
   return s[Math.floor(s.length / 2)];
 };
 const fmt = (v) => (v === undefined || Number.isNaN(v) ? '—' : Math.abs(v) >= 100 ? Math.round(v).toLocaleString('en-US') : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(v < 1 ? 3 : 2));
-const columns = ['leasehold', 'leasehold-autopipe', 'redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
+const columns = ['leasehold', 'leasehold-autopipe', 'leasehold-calls', 'redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
 const peers = ['redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
 const header = ['figure', ...columns, ...peers.map((n) => `lh / ${n}`)];
 const rows = [header, header.map(() => '---')];
@@ -422,6 +534,15 @@ for (const [figure, byName] of Object.entries(results)) {
   rows.push([figure, ...columns.map((n) => fmt(m[n])), ...peers.map((n) => (m[n] && lh !== undefined && m[n] !== 0 ? `${lh / m[n] < 0.01 ? `1/${fmt(m[n] / lh)}` : (lh / m[n]).toFixed(2)}×` : '—'))]);
 }
 console.log(rows.map((r) => `| ${r.join(' | ')} |`).join('\n'));
+const calls = Object.entries(results).filter(([f, by]) => f.startsWith('uncontended') && by['leasehold-calls'] && by.floor);
+if (calls.length > 0) {
+  console.log(`\nleasehold-calls / floor (what the two functions' server-side work leaves to any client): ${calls.map(([f, by]) => `${f.replace('uncontended, ', '').replace(' (pairs/s)', '')} ${(median(by['leasehold-calls']) / median(by.floor)).toFixed(2)}×`).join('; ')}`);
+}
+if (serverRounds.length > 0) {
+  const names = Object.keys(serverRounds[0]);
+  console.log(`\nserver µs per acquire+release pair, sequential (INFO commandstats, median of ${serverRounds.length}): ${names.map((n) => `${n} ${median(serverRounds.map((r) => r[n])).toFixed(1)}`).join('; ')}`);
+  console.log('  functions = leasehold\'s acquire and release on a free key; same redis.calls = the 8 calls they make there, without the logic around them; empty functions = the same arguments, no calls; floor = SET NX PX + compare-and-delete script');
+}
 console.log('\nrenewal cadence: ' + Object.entries(cadences).map(([k, v]) => `${k}: ${v}`).join('; '));
 console.log(`redlock = defaults (retryCount 10, retryDelay 200 ms, retryJitter 100 ms); redlock-1ms = retryDelay 1, retryJitter 1, retryCount -1; floor polls every 1 ms when busy.`);
 admin.disconnect();
