@@ -5,7 +5,7 @@
  * notifications are unreliable) still serves every waiter after a release. The fixture's stop
  * leaves no pgbouncer process behind.
  */
-import net from 'node:net';
+import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLocks, type Lease } from '../../src/index.js';
@@ -14,6 +14,25 @@ import { backendConformance } from '../conformance/backend.js';
 import { fenceConformance } from '../conformance/fence.js';
 import { eventually, PG_URL, uniqueName } from '../helpers/env.js';
 import { alive, startBouncer, type Bouncer } from './bouncer.js';
+
+/** Whether a TCP socket in LISTEN state is bound to `port` (Linux: /proc/net/tcp and tcp6). */
+function listening(port: number): boolean {
+  const hex = port.toString(16).toUpperCase().padStart(4, '0');
+  for (const table of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    let text: string;
+    try {
+      text = readFileSync(table, 'utf8');
+    } catch {
+      continue; // no IPv6 on this machine
+    }
+    for (const line of text.split('\n').slice(1)) {
+      const fields = line.trim().split(/\s+/);
+      // local_address is ADDR:PORT in hex; state 0A is LISTEN
+      if (fields[1]?.endsWith(`:${hex}`) && fields[3] === '0A') return true;
+    }
+  }
+  return false;
+}
 
 async function dropSchema(schema: string): Promise<void> {
   const admin = new pg.Client({ connectionString: PG_URL });
@@ -131,18 +150,15 @@ describe('the pgbouncer fixture', () => {
     const bouncer = await startBouncer();
     const port = Number(new URL(bouncer.url).port);
     expect(alive(bouncer.pid)).toBe(true);
+    expect(listening(port)).toBe(true);
     // frozen, it cannot act on SIGTERM: stop() must fall back to SIGKILL on pgbouncer, not only on runuser
     process.kill(bouncer.pid, 'SIGSTOP');
     await bouncer.stop();
     expect(alive(bouncer.pid)).toBe(false);
-    // the port is free again: we can listen on it ourselves. (A connect() probe is not proof: to a
-    // closed port in the ephemeral range, the kernel can now and then pick that same port as the
-    // source and connect the socket to itself.)
-    const free = await new Promise<boolean>((resolve) => {
-      const server = net.createServer();
-      server.once('error', () => resolve(false));
-      server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)));
-    });
-    expect(free).toBe(true);
+    // nothing listens on its port any more. (Neither probe is proof: a connect() to a closed port in
+    // the ephemeral range can now and then connect the socket to itself, and listening on it
+    // ourselves fails while another test's connection happens to use that port as its source port
+    // or the killed pgbouncer's sockets are still closing. The kernel's socket table tells.)
+    expect(listening(port)).toBe(false);
   }, 60_000);
 });
