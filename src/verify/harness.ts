@@ -11,7 +11,7 @@
  */
 import { fork, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Writable } from 'node:stream';
@@ -29,7 +29,7 @@ import { Nemesis, type Target } from './nemesis.js';
 import { MUTANT_ENV, MUTANTS, runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
-import { formatSummary, writeReport } from './report.js';
+import { formatSummary, prepareReportDir, writeReport } from './report.js';
 import { describeSchedule, NEMESES, planSchedule, type NemesisKind } from './schedule.js';
 import { openAdminStore, STORE_KINDS, type AdminStore, type FinalState, type StoreConfig, type StoreKind } from './store.js';
 
@@ -126,9 +126,9 @@ function plan(o: VerifyOptions, usage: string): Plan {
   // Last: a run refused for another bad argument leaves no directory behind.
   if (o.reportDir !== undefined) {
     try {
-      mkdirSync(resolve(o.reportDir), { recursive: true });
+      prepareReportDir(resolve(o.reportDir));
     } catch (error) {
-      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
+      throw usageError(`cannot write the report into --report ${o.reportDir}: ${(error as Error).message}`, usage);
     }
   }
   return { coordinator, fence, fenceUrl };
@@ -465,21 +465,27 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     if (stats.accepted === 0) failures.push('no write was accepted: the run proves nothing (is the coordinator reachable? try a longer --duration)');
     print(...formatSummary({ stats, checks, nemeses, runProblems: failures }));
     if (o.reportDir !== undefined) {
-      const files = writeReport({
-        dir: resolve(o.reportDir),
-        header: {
-          version: 1, runId, seed, url: redact(o.url), coordinator: redact(coordinatorUrl), fence: p.fence, fenced: o.fenced,
-          workers: o.workers, durationMs: o.durationMs, ttlMs: effectiveTtl, workMs, key, resource, nemeses, schedule,
-        },
-        events,
-        final,
-        checks,
-        flagged,
-        workers: workers.map((w) => w.index),
-        title: `leasehold verify — ${o.fenced ? `${p.fence} fence` : 'control run (no fence)'}, ${redact(o.url)}`,
-        subtitle: `run ${runId}, seed ${seed}, ${o.workers} workers, ttl ${formatDuration(effectiveTtl)}, work ${formatDuration(workMs)}; verdict ${checks.every((c) => c.verdict === 'pass') && failures.length === 0 ? 'PASS' : 'FAIL'}`,
-        endMs,
-      });
+      let files: { history: string; timeline: string };
+      try {
+        files = writeReport({
+          dir: resolve(o.reportDir),
+          header: {
+            version: 1, runId, seed, url: redact(o.url), coordinator: redact(coordinatorUrl), fence: p.fence, fenced: o.fenced,
+            workers: o.workers, durationMs: o.durationMs, ttlMs: effectiveTtl, workMs, key, resource, nemeses, schedule,
+          },
+          events,
+          final,
+          checks,
+          flagged,
+          workers: workers.map((w) => w.index),
+          title: `leasehold verify — ${o.fenced ? `${p.fence} fence` : 'control run (no fence)'}, ${redact(o.url)}`,
+          subtitle: `run ${runId}, seed ${seed}, ${o.workers} workers, ttl ${formatDuration(effectiveTtl)}, work ${formatDuration(workMs)}; verdict ${checks.every((c) => c.verdict === 'pass') && failures.length === 0 ? 'PASS' : 'FAIL'}`,
+          endMs,
+        });
+      } catch (error) {
+        // Checked before the run (plan), so only a directory changed or a disk filled meanwhile gets here.
+        throw usageError(`cannot write the report into --report ${o.reportDir}: ${(error as Error).message}`, usage);
+      }
       print(`report: ${files.timeline}`, `        ${files.history}`);
     }
     const passed = checks.every((c) => c.verdict === 'pass') && failures.length === 0;

@@ -9,8 +9,8 @@
  * - then `{"type":"final", …}` (the resource's counter, log in commit order and fence mark) and one
  *   `{"type":"check", …}` line per check with its verdict and violations.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { closeSync, mkdirSync, openSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import type { CheckResult, Stats } from './checker.js';
 import type { HistoryEvent } from './protocol.js';
 import type { FinalState } from './store.js';
@@ -65,9 +65,57 @@ export interface ReportFiles {
   endMs: number;
 }
 
+/** The files `--report DIR` writes, inside DIR. */
+export const REPORT_FILES = Object.freeze(['history.jsonl', 'timeline.svg'] as const);
+
+/**
+ * Creates `dir` and its missing parents, one level at a time, and throws (never loops) when that
+ * is impossible. Not `mkdirSync(dir, { recursive: true })`: on Node 20 that spins forever at 100 %
+ * CPU for a path it cannot create under an existing parent, such as `/proc/x` (mkdir says ENOENT,
+ * the parent exists, so it tries the child again).
+ */
+export function makeDirs(dir: string): void {
+  const missing: string[] = [];
+  let at = resolve(dir);
+  for (;;) {
+    const st = statSync(at, { throwIfNoEntry: false });
+    if (st) {
+      if (!st.isDirectory()) throw new Error(`${at} is not a directory`);
+      break;
+    }
+    missing.push(at);
+    const parent = dirname(at);
+    if (parent === at) break; // the root itself is missing: mkdir below says why
+    at = parent;
+  }
+  for (const d of missing.reverse()) {
+    try {
+      mkdirSync(d);
+    } catch (error) {
+      // Created meanwhile by someone else is fine; anything else is final.
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST' || !statSync(d, { throwIfNoEntry: false })?.isDirectory()) throw error;
+    }
+  }
+}
+
+/**
+ * Checks before a run that its report can be written: creates `dir` (see {@link makeDirs}) and
+ * opens each report file for writing (a file that did not exist is removed again). Throws the
+ * first failure, as is.
+ */
+export function prepareReportDir(dir: string): void {
+  makeDirs(dir);
+  for (const name of REPORT_FILES) {
+    const path = join(dir, name);
+    const existed = statSync(path, { throwIfNoEntry: false }) !== undefined;
+    closeSync(openSync(path, 'a'));
+    if (!existed) unlinkSync(path);
+  }
+}
+
 /** Writes history.jsonl and timeline.svg into `dir` (created if missing); returns their paths. */
 export function writeReport(r: ReportFiles): { history: string; timeline: string } {
-  mkdirSync(r.dir, { recursive: true });
+  makeDirs(r.dir);
   const json = (value: unknown): string => JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
   const lines = [
     json({ type: 'run', ...r.header }),
