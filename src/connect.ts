@@ -67,9 +67,9 @@ function hostList(url: string, scheme: string): string[] {
   }
   const hosts = rest.split(',');
   for (const h of hosts) {
-    if (!/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/.test(h)) {
-      throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}:// is not host:port`);
-    }
+    const port = /^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$/.exec(h)?.[1];
+    if (port === undefined) throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}:// is not host:port`);
+    if (Number(port) < 1 || Number(port) > 65_535) throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}://: the port must be from 1 to 65535, got ${port}`);
   }
   return hosts;
 }
