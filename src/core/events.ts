@@ -8,10 +8,17 @@ import type { LockMode } from './validate.js';
 export interface LockEvents {
   /** A lease was granted. Does not fire for a `tryAcquire` that found the key busy. */
   acquired: { key: string; token: bigint; mode: LockMode; ttlMs: number; waitedMs: number };
-  /** A renewal succeeded (background or `lease.renew()`); for session leases, once per session renewal per lease. */
-  renewed: { key: string; token: bigint; ttlMs: number };
-  /** A renewal attempt failed with a transient error; the lease is still valid and will be retried. Does not fire on loss. */
-  renewFailed: { key: string; token: bigint; error: LeaseholdError; remainingMs: number };
+  /**
+   * A renewal succeeded (background or `lease.renew()`). Once per round trip: a session's keep-alive
+   * renews all of its leases at once, and the event names the oldest of them, with `leases` the
+   * number it renewed (1 for a lease renewed on its own).
+   */
+  renewed: { key: string; token: bigint; leases: number; ttlMs: number };
+  /**
+   * A renewal round trip failed with a transient error; the leases are still valid and it will be
+   * retried. Once per round trip, named like `renewed`. Does not fire on loss.
+   */
+  renewFailed: { key: string; token: bigint; leases: number; error: LeaseholdError; remainingMs: number };
   /** The lease was released by its holder. Does not fire for a lease that was already lost. */
   released: { key: string; token: bigint; heldMs: number };
   /** Releasing failed (the coordinator was unreachable); the key frees itself when the ttl runs out. */

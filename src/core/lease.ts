@@ -54,6 +54,23 @@ export interface LeaseContext {
 export type RenewOutcome = { renewed: true; ttlMs: number } | { renewed: false };
 
 /**
+ * Time set aside per lease for signalling its loss (I6). When a keeper's validity runs out, every
+ * lease it keeps is marked lost in one pass (each signal that someone listens to is aborted, each
+ * `lost` listener runs): with 10,000 leases on one session that pass takes tens of milliseconds,
+ * longer than the drift margin of a short ttl. So a keeper's local validity ends earlier by this
+ * much per lease it keeps, and the last lease of the pass is still signalled before the
+ * coordinator's expiry. 20 µs per lease is about four times what the pass costs per lease on this
+ * project's test machine with one abort listener per lease (see the README, "Loss with many leases").
+ */
+export const LOSS_BUDGET_MS_PER_LEASE = 0.02;
+
+/** Renewal retries after a transient failure are never closer together than this (or ttl/100). */
+const RETRY_FLOOR_MS = 20;
+
+/** A keeper re-arms its validity timer each time this many more leases join it (each adds to the loss budget). */
+const REARM_EVERY_LEASES = 256;
+
+/**
  * Keeps one or more leases alive with one renewal: a single lease (renewed on its own) or a
  * session (every lease of the session is renewed by one keep-alive). It owns the two timers: the
  * next renewal, and the end of local validity (I5, I6).
@@ -90,12 +107,20 @@ export class Keeper {
     return this.lostReason !== undefined;
   }
 
+  /** When local validity ends: the coordinator's expiry less the drift margin and the loss budget for the leases kept. */
+  get validEnd(): number {
+    // The first lease's pass is covered by the drift margin's fixed 2 ms.
+    return this.leases.size > 1 ? this.validUntil - (this.leases.size - 1) * LOSS_BUDGET_MS_PER_LEASE : this.validUntil;
+  }
+
   remainingMs(): number {
-    return Math.max(0, this.validUntil - this.ctx.clock.now());
+    return Math.max(0, this.validEnd - this.ctx.clock.now());
   }
 
   add(lease: LeaseImpl): void {
     this.leases.add(lease);
+    // Each lease moves the end of validity a little earlier: re-arm the timer now and then, not per lease.
+    if (this.leases.size % REARM_EVERY_LEASES === 0) this.#armValidity();
   }
 
   remove(lease: LeaseImpl): void {
@@ -117,14 +142,14 @@ export class Keeper {
     const sentAt = clock.now();
     // After a pause (SIGSTOP, a blocked loop) the renewal timer can run before the validity timer:
     // a lease whose validity already ran out is lost, whatever the coordinator would answer.
-    if (sentAt >= this.validUntil) {
+    if (sentAt >= this.validEnd) {
       const error = this.#lossError('expired');
       this.lose('expired');
       throw error;
     }
     let outcome: RenewOutcome;
     try {
-      outcome = await withTimeout(this.renewOnce(this.ttlMs), clock, Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validUntil - sentAt)), 'renew');
+      outcome = await withTimeout(this.renewOnce(this.ttlMs), clock, Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validEnd - sentAt)), 'renew');
     } catch (error) {
       if (this.lostReason || this.#stopped) throw this.lostReason ? this.#lossError(this.lostReason) : toLeaseholdError(error);
       const err = toLeaseholdError(error);
@@ -133,8 +158,14 @@ export class Keeper {
         throw this.#lossError(this.goneReason);
       }
       const remaining = this.remainingMs();
-      for (const lease of this.leases) this.ctx.events.emit('renewFailed', { key: lease.key, token: lease.token, error: err, remainingMs: remaining });
-      if (remaining > 0) this.#scheduleRenewal(Math.max(5, Math.min(this.ttlMs / 10, remaining / 3)));
+      // One event per failed round trip, however many leases it was renewing (a session keeps many).
+      const first = this.#first();
+      if (first) this.ctx.events.emit('renewFailed', { key: first.key, token: first.token, leases: this.leases.size, error: err, remainingMs: remaining });
+      // Retry at a tenth of the ttl, sooner as validity runs out, but never in a tight loop: a retry
+      // closer than RETRY_FLOOR_MS would not reach a coordinator that has not answered for this long.
+      const next = Math.min(this.ttlMs / 10, remaining / 3);
+      const floor = Math.max(RETRY_FLOOR_MS, this.ttlMs / 100);
+      if (remaining > floor) this.#scheduleRenewal(Math.max(floor, next));
       throw err;
     }
     // A late answer cannot revive a lease whose validity already ran out locally.
@@ -148,16 +179,28 @@ export class Keeper {
     this.validUntil = sentAt + outcome.ttlMs - this.ctx.drift(outcome.ttlMs);
     this.#armValidity();
     this.#scheduleRenewal(outcome.ttlMs / 3);
-    for (const lease of this.leases) this.ctx.events.emit('renewed', { key: lease.key, token: lease.token, ttlMs: outcome.ttlMs });
+    const first = this.#first();
+    if (first) this.ctx.events.emit('renewed', { key: first.key, token: first.token, leases: this.leases.size, ttlMs: outcome.ttlMs });
   }
 
-  /** Marks every lease of this keeper lost and aborts their signals. Idempotent. */
+  /** The oldest lease kept: the one a session's renewal events name. */
+  #first(): LeaseImpl | undefined {
+    return this.leases.values().next().value as LeaseImpl | undefined;
+  }
+
+  /**
+   * Marks every lease of this keeper lost and aborts their signals, in one pass. Idempotent. The
+   * keeper is marked first, so a lease read during the pass (by a listener of an earlier one) is
+   * already lost. Per lease the pass does only what someone can observe: a signal nobody has read
+   * is aborted when it is first read, and an error is made only for a signal or a `lost` listener.
+   */
   lose(reason: LossReason, cause?: unknown): void {
     if (this.lostReason || this.#stopped) return;
     this.lostReason = reason;
     this.#clearTimers();
-    for (const lease of [...this.leases]) lease.markLost(reason, cause);
+    const leases = [...this.leases];
     this.leases.clear();
+    for (const lease of leases) lease.markLost(reason, cause);
     this.onIdle(this);
   }
 
@@ -191,11 +234,11 @@ export class Keeper {
     if (this.#validityTimer) this.ctx.clock.clearTimeout(this.#validityTimer);
     const check = (): void => {
       this.#validityTimer = undefined;
-      const left = this.validUntil - this.ctx.clock.now();
+      const left = this.validEnd - this.ctx.clock.now();
       if (left > 0) this.#validityTimer = this.ctx.clock.setTimeout(check, left);
       else this.lose('expired');
     };
-    this.#validityTimer = this.ctx.clock.setTimeout(check, Math.max(0, this.validUntil - this.ctx.clock.now()));
+    this.#validityTimer = this.ctx.clock.setTimeout(check, Math.max(0, this.validEnd - this.ctx.clock.now()));
   }
 
   #clearTimers(): void {
@@ -219,6 +262,8 @@ export class LeaseImpl implements Lease {
   readonly #release: () => Promise<void>;
   #state: 'held' | 'released' | 'lost' = 'held';
   #releasing: Promise<void> | undefined;
+  /** Why it was lost; its error is made when first needed (a signal read, a `lost` listener). */
+  #loss: { reason: LossReason; cause: unknown; error?: LeaseLostError } | undefined;
 
   constructor(init: {
     ctx: LeaseContext;
@@ -248,7 +293,12 @@ export class LeaseImpl implements Lease {
 
   get signal(): AbortSignal {
     this.#sync();
-    return (this.#controller ??= new AbortController()).signal;
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      // Lost before anyone looked: the signal is born aborted, with the same error the `lost` event carried.
+      if (this.#loss) this.#controller.abort(this.#lossError(this.#loss));
+    }
+    return this.#controller.signal;
   }
 
   get held(): boolean {
@@ -267,7 +317,9 @@ export class LeaseImpl implements Lease {
    * `release` and `withLock` never disagree about a lease whose validity ran out.
    */
   #sync(): void {
-    if (this.#state === 'held' && this.#keeper.remainingMs() <= 0) this.#keeper.lose('expired');
+    if (this.#state !== 'held') return;
+    if (this.#keeper.lostReason) this.markLost(this.#keeper.lostReason); // its keeper's pass has not reached it yet
+    else if (this.#keeper.remainingMs() <= 0) this.#keeper.lose('expired');
   }
 
   async renew(): Promise<void> {
@@ -309,14 +361,20 @@ export class LeaseImpl implements Lease {
     return this.release();
   }
 
-  /** Called by the keeper: aborts the signal with a LeaseLostError. */
+  /** Called by the keeper: aborts the signal with a LeaseLostError (at once if it was read, else when it is). */
   markLost(reason: LossReason, cause?: unknown): void {
     if (this.#state !== 'held') return;
     this.#state = 'lost';
+    const loss = (this.#loss = { reason, cause });
     this.#ctx.forget(this);
-    const error = new LeaseLostError(this.key, this.token, reason, cause === undefined ? undefined : { cause });
-    (this.#controller ??= new AbortController()).abort(error);
-    this.#ctx.events.emit('lost', { key: this.key, token: this.token, reason, error, heldMs: this.#ctx.clock.now() - this.#acquiredAt });
+    if (this.#controller) this.#controller.abort(this.#lossError(loss));
+    if (this.#ctx.events.listenerCount('lost') > 0) {
+      this.#ctx.events.emit('lost', { key: this.key, token: this.token, reason, error: this.#lossError(loss), heldMs: this.#ctx.clock.now() - this.#acquiredAt });
+    }
+  }
+
+  #lossError(loss: { reason: LossReason; cause: unknown; error?: LeaseLostError }): LeaseLostError {
+    return (loss.error ??= new LeaseLostError(this.key, this.token, loss.reason, loss.cause === undefined ? undefined : { cause: loss.cause }));
   }
 
   toJSON(): { key: string; token: string; mode: LockMode; sequencer: string } {
@@ -344,13 +402,26 @@ export function onLoss(lease: Lease, listener: (reason: LeaseLostError) => void)
   return () => signal.removeEventListener('abort', run);
 }
 
-/** Bounds a coordinator call; a late answer is left to `onLate` (e.g. release a grant nobody waits for). */
-export function withTimeout<T>(promise: Promise<T>, clock: Clock, ms: number, what: string, onLate?: (value: T) => void): Promise<T> {
+/** A coordinator call that got no answer in the time it was given (core's own deadline, not the backend's error). */
+export class CallTimeoutError extends BackendUnavailableError {}
+
+/**
+ * Bounds a coordinator call; a late answer is left to `onLate` (e.g. release a grant nobody waits
+ * for), a late failure to `onLateError`.
+ */
+export function withTimeout<T>(
+  promise: Promise<T>,
+  clock: Clock,
+  ms: number,
+  what: string,
+  onLate?: (value: T) => void,
+  onLateError?: (error: unknown) => void,
+): Promise<T> {
   return new Promise<T>((resolve, reject) => {
     let timedOut = false;
     const timer = clock.setTimeout(() => {
       timedOut = true;
-      reject(new BackendUnavailableError('leasehold', `${what} got no answer within ${Math.round(ms)} ms`));
+      reject(new CallTimeoutError('leasehold', `${what} got no answer within ${Math.round(ms)} ms`));
     }, ms);
     promise.then(
       (value) => {
@@ -361,7 +432,8 @@ export function withTimeout<T>(promise: Promise<T>, clock: Clock, ms: number, wh
         }
       },
       (error: unknown) => {
-        if (!timedOut) {
+        if (timedOut) onLateError?.(error);
+        else {
           clock.clearTimeout(timer);
           reject(error);
         }

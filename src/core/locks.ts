@@ -1,10 +1,11 @@
+import { setMaxListeners } from 'node:events';
 import { hostname } from 'node:os';
 import type { AcquireResult, Backend, HandOff, KeyState } from './backend.js';
 import { fullJitter, pause } from './backoff.js';
 import { systemClock, type Clock, type TimerHandle } from './clock.js';
 import { AcquireTimeoutError, InvalidArgumentError, LeaseholdError, LeaseLostError } from './errors.js';
 import { TypedEmitter, type LockEvents } from './events.js';
-import { Keeper, LeaseImpl, toLeaseholdError, withTimeout, type Lease, type LeaseContext } from './lease.js';
+import { CallTimeoutError, Keeper, LeaseImpl, toLeaseholdError, withTimeout, type Lease, type LeaseContext } from './lease.js';
 import {
   checkBoolean, checkClock, checkInteger, checkKey, checkKnownOptions, checkMode, checkObject, checkPrefix, checkSignal, checkTtl,
   checkWait, describe, MAX_DURATION_MS, type LockMode,
@@ -136,6 +137,9 @@ export class Locks {
     this.#defaults = resolveAcquire(d, { ...DEFAULTS }, 'defaults');
     if (o.random !== undefined && typeof o.random !== 'function') throw new InvalidArgumentError('random', `expected a function returning [0, 1), got ${describe(o.random)}`);
     this.#random = (o.random as (() => number) | undefined) ?? Math.random;
+    // Every waiting acquire listens to this signal while it pauses (and stops listening after): as
+    // many listeners as waiters, which is not a leak, so no MaxListenersExceededWarning at 11.
+    setMaxListeners(0, this.#closing.signal);
     this.#ctx = {
       clock: this.#clock,
       events: this.#events,
@@ -240,7 +244,9 @@ export class Locks {
         await withTimeout(backend!.sessions!.close(s.value.id), this.#clock, this.#operationTimeoutMs, 'session close');
       }),
     );
-    if (backend) await backend.close().catch(() => {});
+    // Bounded like every other call: a coordinator that accepts connections but never answers (a
+    // frozen server, a paused link) must not keep close() — and the process — waiting for ever.
+    if (backend) await withTimeout(backend.close(), this.#clock, this.#operationTimeoutMs, 'close').catch(() => {});
   }
 
   #track<T>(obtaining: Promise<T>): Promise<T> {
@@ -307,11 +313,36 @@ export class Locks {
     // back (same token), and giving that one back would release the caller's lease behind its back.
     // Late answers that arrive while this call still runs wait until it has settled.
     let settled = false;
-    let kept: bigint | undefined;
+    let kept: LeaseImpl | undefined;
     const late: bigint[] = [];
     const giveBack = (token: bigint): void => {
-      if (token !== kept) void backend.release({ key, owner, token, mode: o.mode }).catch(() => {});
+      if (token !== kept?.token) void backend.release({ key, owner, token, mode: o.mode }).catch(() => {});
     };
+    // A queued request may have given `owner` a place in the key's queue from the moment it was sent,
+    // whether or not its answer ever reaches us in time: the place is given up when this call ends
+    // without the key (cancelWait, which also gives back a hand-off made to the place). A request
+    // still on the wire then can arrive after that cancel and queue the owner again, so each late
+    // answer, whatever it says and in whatever order they come, cancels again (a late grant is given
+    // back). Never while this call's own lease is held: a cancel ends the owner's grant too.
+    let queueSent = false;
+    const cancel = (): void => {
+      if (backend.cancelWait && !kept?.held) void backend.cancelWait({ key, owner }).catch(() => {});
+    };
+    const afterSettled = (answer: AcquireResult | undefined): void => {
+      if (answer?.granted) giveBack(answer.token);
+      if (queue) cancel();
+    };
+    // Wait-bounded calls: a call cut short because the wait ran out ends the wait as a timeout (the
+    // backend did not fail; the caller's time did), not as an unavailable coordinator.
+    const callLimit = (): { ms: number; byWait: boolean } => {
+      if (!wait || waitMs <= 0) return { ms: this.#operationTimeoutMs, byWait: false };
+      const left = Math.max(1, deadline - clock.now());
+      return left < this.#operationTimeoutMs ? { ms: left, byWait: true } : { ms: this.#operationTimeoutMs, byWait: false };
+    };
+    // A backend that no longer knows our session (its server restarted empty, say) is asked again at
+    // once with a new one, within this call; a few times at most, so a backend that keeps saying so
+    // cannot spin us.
+    let sessionRetries = 0;
 
     const giveUp = (error: unknown): never => {
       this.#events.emit('acquireFailed', { key, waitedMs: clock.now() - start, error });
@@ -327,37 +358,44 @@ export class Locks {
           // Its validity is the session's: one that ran out (a pause, say) is not taken, whatever the flags say yet.
           if (held && !held.keeper.lost && !held.keeper.stopped && held.keeper.remainingMs() > 0 && h.session === held.id && h.token > highest && !this.#closing.signal.aborted) {
             queued = false;
-            kept = h.token;
-            return this.#grant(backend, key, owner, o, h.token, ttlMs, clock.now(), start, held);
+            kept = this.#grant(backend, key, owner, o, h.token, ttlMs, clock.now(), start, held);
+            return kept;
           }
           // Not one we can take as it is: ask again (an owner that holds is answered with its grant).
         }
         let session: Session | undefined;
         let result: AcquireResult | undefined;
         const sentAt = clock.now();
+        let limit = callLimit();
         try {
-          session = useSession ? (this.#open.get(ttlMs) ?? (await this.#session(backend, ttlMs))) : undefined;
+          if (useSession) {
+            session = this.#open.get(ttlMs);
+            // The session is shared and stays open for the next acquire; this call waits for it only as long as its wait lasts.
+            session ??= await withTimeout(this.#session(backend, ttlMs), clock, limit.ms, 'session open');
+          }
           if (session !== held) {
             if (held) this.#unhold(backend, ttlMs, held);
             if (session) session.pending++;
             held = session;
           }
-          result = await withTimeout(
-            backend.acquire({ key, owner, mode: o.mode, ttlMs, lockDelayMs: o.lockDelayMs, holder: this.#holder, queue, queueTtlMs: WAITING.queueTtlMs, session: session?.id }),
-            clock,
-            this.#operationTimeoutMs,
-            'acquire',
-            (answer) => {
-              if (!answer.granted) return;
-              if (settled) giveBack(answer.token);
-              else late.push(answer.token);
-            },
-          );
+          limit = callLimit();
+          const call = backend.acquire({ key, owner, mode: o.mode, ttlMs, lockDelayMs: o.lockDelayMs, holder: this.#holder, queue, queueTtlMs: WAITING.queueTtlMs, session: session?.id });
+          if (queue) queueSent = true;
+          result = await withTimeout(call, clock, limit.ms, 'acquire', (answer) => {
+            if (settled) afterSettled(answer);
+            else if (answer.granted) late.push(answer.token);
+          }, () => {
+            if (settled) afterSettled(undefined);
+          });
           if (queue) queued = true;
           lastError = undefined;
         } catch (error) {
           const err = toLeaseholdError(error);
           if (!err.retryable) giveUp(err);
+          if (limit.byWait && err instanceof CallTimeoutError) {
+            // No answer before the wait ran out: the wait is over, and says so.
+            giveUp(new AcquireTimeoutError(key, clock.now() - start, lastBusy?.holder, { cause: lastError ?? err }));
+          }
           lastError = err;
         }
 
@@ -370,8 +408,14 @@ export class Locks {
             continue;
           }
           queued = false;
-          kept = result.token;
-          return this.#grant(backend, key, owner, o, result.token, result.ttlMs, sentAt, start, session);
+          kept = this.#grant(backend, key, owner, o, result.token, result.ttlMs, sentAt, start, session);
+          return kept;
+        }
+        if (result && !result.granted && result.sessionLost && session && sessionRetries < MAX_SESSION_RETRIES) {
+          // The coordinator lost our session (a restart, say): end it, open a new one and ask again now.
+          sessionRetries++;
+          session.keeper.lose('session-lost');
+          continue;
         }
         if (result && !result.granted) {
           lastBusy = result;
@@ -428,7 +472,7 @@ export class Locks {
       settled = true;
       for (const token of late) giveBack(token);
       unsubscribe?.();
-      if (queued && backend.cancelWait) void backend.cancelWait({ key, owner }).catch(() => {});
+      if ((queued || queueSent) && !kept) cancel();
       if (held) this.#unhold(backend, ttlMs, held);
     }
   }
@@ -540,6 +584,9 @@ export class Locks {
 
 /** An unused session is closed after max(ttl, this): long enough for back-to-back acquires to share it. */
 const SESSION_IDLE_MS = 5_000;
+
+/** How often one acquire opens a new session when the coordinator says it lost ours, before it reports busy. */
+const MAX_SESSION_RETRIES = 2;
 
 function resolveAcquire(o: Record<string, unknown>, base: Required<Omit<AcquireOptions, 'signal'>>, argument: string): Required<Omit<AcquireOptions, 'signal'>> {
   return {

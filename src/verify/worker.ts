@@ -123,9 +123,9 @@ async function main(): Promise<void> {
     current.due = until;
     emit({ type: 'validity', token: current.lease.token.toString(), until });
   };
-  locks.on('renewed', (e) => {
-    if (current && e.token === current.lease.token && e.key === current.lease.key) reportValidity();
-  });
+  // One event per renewal round trip (a session's names its oldest lease): whichever it names, the
+  // current lease's validity may have moved, and reportValidity reads it from the lease itself.
+  locks.on('renewed', () => reportValidity());
 
   const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
