@@ -19,14 +19,15 @@ export function createLocks(options?: CreateLocksOptions): Locks {
   const { backend, url, ...rest } = checkObject(options, 'options') as CreateLocksOptions;
   if (backend !== undefined && url !== undefined) throw new InvalidArgumentError('options', 'give either backend or url, not both');
   if (url !== undefined && typeof url !== 'string') throw new InvalidArgumentError('url', `expected a string, got ${describe(url)}`);
-  const source = backend ?? backendLoader(url ?? (process.env.LEASEHOLD_URL || DEFAULT_URL));
+  // Only an absent (undefined) backend means the default: `backend: null` is a mistake, refused by Locks.
+  const source = backend !== undefined ? backend : backendLoader(url ?? (process.env.LEASEHOLD_URL || DEFAULT_URL));
   return new Locks({ ...rest, backend: source });
 }
 
 export { Locks, DEFAULTS, WAITING, type AcquireOptions, type LocksOptions } from './core/locks.js';
 export type { Lease } from './core/lease.js';
 export {
-  LeaseholdError, AcquireTimeoutError, LeaseLostError, StaleTokenError, InvalidArgumentError, BackendUnavailableError,
+  LeaseholdError, AcquireTimeoutError, LeaseLostError, StaleTokenError, InvalidArgumentError, BackendUnavailableError, PartialWriteError,
   ERROR_CODES, isLeaseholdError, type ErrorCode, type LossReason,
 } from './core/errors.js';
 export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, type TokenInput } from './core/token.js';

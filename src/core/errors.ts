@@ -9,7 +9,8 @@ export type ErrorCode =
   | 'LEASE_LOST'
   | 'STALE_TOKEN'
   | 'INVALID_ARGUMENT'
-  | 'BACKEND_UNAVAILABLE';
+  | 'BACKEND_UNAVAILABLE'
+  | 'PARTIAL_WRITE';
 
 export abstract class LeaseholdError extends Error {
   abstract readonly code: ErrorCode;
@@ -127,6 +128,29 @@ export class BackendUnavailableError extends LeaseholdError {
   }
 }
 
+/**
+ * A fenced write was partly applied: the mark was raised to `token` together with part of the
+ * mutation, but not all of it, and nothing rolled it back — e.g. a Redis command queued by `mutate`
+ * failed when EXEC ran it (Redis has no rollback; the others ran), or `mutate` committed the
+ * transaction itself. The mark and what was applied agree (a lower token is refused from now on);
+ * what is missing is the rest of the mutation. Not retryable as such: repair or redo the mutation
+ * under the same (or a newer) token. `cause` holds the store's error.
+ */
+export class PartialWriteError extends LeaseholdError {
+  override readonly name = 'PartialWriteError';
+  readonly code = 'PARTIAL_WRITE' as const;
+  readonly retryable = false;
+  readonly resource: string;
+  /** The token the mark was raised to. */
+  readonly token: bigint;
+
+  constructor(resource: string, token: bigint, problem: string, options?: { cause?: unknown }) {
+    super(`fenced write to "${resource}" under token ${token} was partly applied (the mark was raised): ${problem}`, options);
+    this.resource = resource;
+    this.token = token;
+  }
+}
+
 /** Every error code with a one-line description; the README's error table is checked against this. */
 export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   ACQUIRE_TIMEOUT: 'acquire waited waitMs and the key stayed busy',
@@ -134,6 +158,7 @@ export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   STALE_TOKEN: 'a fence refused a write because a newer token was already accepted',
   INVALID_ARGUMENT: 'an argument or option is malformed; nothing was changed',
   BACKEND_UNAVAILABLE: 'the coordinator or store could not be reached or failed',
+  PARTIAL_WRITE: 'a fenced write was partly applied: the mark was raised but not all of the mutation ran (no rollback)',
 });
 
 export function isLeaseholdError(error: unknown): error is LeaseholdError {
