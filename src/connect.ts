@@ -9,11 +9,16 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  * Reads a coordinator URL (checked now, synchronously) and returns a loader that imports the
  * backend's module and connects on first use, so `leasehold` never loads drivers you do not use.
  *
- * - `memory:` — this process only
+ * - `memory:` — this process only: every `memory:` URL in a process names the same in-process
+ *   coordinator, so two `createLocks({ url: 'memory:' })` exclude each other like two clients of
+ *   one server, and closing one leaves the other working (`memoryBackend()` makes a private one)
  * - `sqlite:PATH` — one machine, many processes (`sqlite:./leasehold.db`, `sqlite:/var/lib/app/locks.db`)
  * - `postgres://…` / `postgresql://…` — PostgreSQL (pg's connection string; `?schema=…&table=…` choose
  *   where the lease tables live, default `public.leasehold_locks`)
- * - `redis://…` / `rediss://…` — one Redis (the URL is ioredis's)
+ * - `redis://…` / `rediss://…` — one Redis (the URL is ioredis's); a path `/N` (or `?db=N`) selects
+ *   database N, and a database the server does not have is an InvalidArgumentError on first use
+ *
+ * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
  * - `etcd://h1:p1,h2:p2` — an etcd cluster
  */
@@ -22,8 +27,8 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
   const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(url)?.[1]?.toLowerCase();
   switch (scheme) {
     case 'memory': {
-      if (url !== 'memory:') throw new InvalidArgumentError('url', `memory: takes nothing after the colon, got ${JSON.stringify(url)}`);
-      return async () => (await import('./memory/index.js')).memoryBackend();
+      if (url.length !== 'memory:'.length) throw new InvalidArgumentError('url', `memory: takes nothing after the colon, got ${JSON.stringify(url)}`);
+      return async () => (await import('./memory/backend.js')).sharedMemoryBackend();
     }
     case 'sqlite': {
       const path = url.slice('sqlite:'.length).replace(/^\/\/(?=\/)/, '');
@@ -36,8 +41,14 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       return async () => (await import('./postgres/index.js')).postgresBackend({ connectionString, schema, table });
     }
     case 'redis':
-    case 'rediss':
-      return async () => (await import('./redis/index.js')).redisBackend({ url });
+    case 'rediss': {
+      const db = redisDb(url);
+      return async () => {
+        const { redisBackend } = await import('./redis/index.js');
+        if (db > 0) await checkRedisDb(url, db);
+        return redisBackend({ url });
+      };
+    }
     case 'redlock': {
       const urls = hostList(url, 'redlock').map((h) => `redis://${h}`);
       return async () => (await import('./redis/index.js')).redlockBackend({ urls });
@@ -57,6 +68,54 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
 /** Connects to the coordinator named by `url` (see {@link backendLoader} for the schemes). */
 export function backendFromUrl(url: string): Promise<Backend> {
   return backendLoader(url)();
+}
+
+/**
+ * The database a redis:// URL selects, as ioredis reads it (the path `/N`, else `?db=N`, else 0),
+ * checked to be a number: ioredis would send anything else to SELECT, which fails, and then carry on
+ * in database 0 without a word.
+ */
+function redisDb(url: string): number {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} is not a valid URL`);
+  }
+  const path = parsed.pathname === '/' ? '' : parsed.pathname.slice(1);
+  const fromQuery = parsed.searchParams.get('db');
+  const text = path !== '' ? path : (fromQuery ?? '0');
+  if (!/^\d{1,9}$/.test(text)) {
+    const where = path !== '' ? `the path ${JSON.stringify(parsed.pathname)}` : `db=${JSON.stringify(fromQuery)}`;
+    throw new InvalidArgumentError('url', `a redis:// URL's path (or db=) is the database number, e.g. redis://127.0.0.1:6379/2; got ${where}`);
+  }
+  return Number(text);
+}
+
+/**
+ * Redis answers SELECT of a database it does not have (beyond its `databases` setting, 16 by
+ * default) with an error that ioredis only emits as an event, and then runs every command in
+ * database 0. So before the first use, one short connection asks for `db`: an error reply is the
+ * URL's fault (InvalidArgumentError, not retried); a server that cannot be reached is left to the
+ * backend, which reports it as BackendUnavailableError on each call.
+ */
+async function checkRedisDb(url: string, db: number): Promise<void> {
+  const { Redis } = await import('ioredis');
+  const probe = new Redis(url, {
+    lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => null,
+    connectTimeout: 2_000, commandTimeout: 2_000,
+  });
+  probe.on('error', () => {});
+  try {
+    await probe.connect();
+    await probe.call('SELECT', String(db));
+  } catch (error) {
+    if ((error as Error).name === 'ReplyError') {
+      throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} selects database ${db}, which the server refuses: ${(error as Error).message}`, { cause: error });
+    }
+  } finally {
+    probe.disconnect();
+  }
 }
 
 /** `scheme://h1:p1,h2:p2` → ['h1:p1', 'h2:p2'], each checked to be host:port. */

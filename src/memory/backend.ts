@@ -49,6 +49,10 @@ const SESSION_TOMBSTONE_MS = 3_600_000;
  * Leases in this process only: for tests, and for coordinating tasks inside one Node process.
  * Tokens start at 1 and live as long as the backend object; nothing survives a restart.
  * Waiters are woken on release, expiry and queue changes, and served in arrival order.
+ *
+ * Each call makes a new, private coordinator: two `memoryBackend()`s know nothing of each other
+ * and both grant the same key. `createLocks({ url: 'memory:' })` instead uses the one coordinator
+ * of the process ({@link sharedMemoryBackend}), so two of those exclude each other.
  */
 export function memoryBackend(options?: MemoryBackendOptions): Backend {
   const o = checkObject(options, 'options');
@@ -313,4 +317,67 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   };
   if (sessions) backend.sessions = sessions;
   return backend;
+}
+
+/** The coordinator behind `memory:` URLs, created on first use and never closed. */
+let shared: Backend | undefined;
+
+/**
+ * A client of the one in-process coordinator that every `memory:` URL names, as
+ * `createLocks({ url: 'memory:' })` uses it: two such `Locks` in one process exclude each other and
+ * share the tokens of each key, like two clients of one server. (One coordinator per copy of
+ * leasehold that the process loaded.) Its `close()` closes only this client — its own calls fail
+ * afterwards and its waiters are woken — never the shared coordinator, which lives as long as the
+ * process, and whose timers never keep the process alive. Call {@link memoryBackend} for a private one.
+ */
+export function sharedMemoryBackend(): Backend {
+  const core = (shared ??= memoryBackend());
+  /** This client's wake-up subscriptions: woken and ended when it closes, as a private backend does. */
+  const mine = new Map<() => void, () => void>();
+  let closed = false;
+  const ensureOpen = (): void => {
+    if (closed) throw new InvalidArgumentError('backend', 'this memory backend was closed');
+  };
+  return {
+    name: core.name,
+    capabilities: core.capabilities,
+    async acquire(req) {
+      ensureOpen();
+      return core.acquire(req);
+    },
+    async renew(req) {
+      ensureOpen();
+      return core.renew(req);
+    },
+    async release(req) {
+      ensureOpen();
+      return core.release(req);
+    },
+    async cancelWait(req) {
+      return core.cancelWait?.(req);
+    },
+    async subscribe(key, onChange, cursor) {
+      ensureOpen();
+      const off = await core.subscribe!(key, onChange, cursor);
+      const wake = (): void => onChange();
+      const end = (): void => {
+        mine.delete(wake);
+        off();
+      };
+      mine.set(wake, end);
+      return end;
+    },
+    async inspect(prefix) {
+      ensureOpen();
+      return core.inspect(prefix);
+    },
+    async close() {
+      if (closed) return;
+      closed = true;
+      for (const [wake, end] of [...mine]) {
+        end();
+        wake();
+      }
+    },
+  };
 }

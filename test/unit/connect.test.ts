@@ -1,0 +1,145 @@
+/**
+ * createLocks({ url | backend }): what each URL means, against the real servers where it matters —
+ * the Redis database in the URL, `backend: null`, scheme case, and the one in-process coordinator
+ * that `memory:` URLs share (while `memoryBackend()` stays private).
+ */
+import { Redis } from 'ioredis';
+import { afterAll, describe, expect, it } from 'vitest';
+import { createLocks, InvalidArgumentError, Locks, memoryBackend } from '../../src/index.js';
+import { REDIS_URL } from '../redis/servers.js';
+import { uniqueName } from '../helpers/env.js';
+
+function thrown(fn: () => unknown): unknown {
+  try {
+    fn();
+  } catch (error) {
+    return error;
+  }
+  return undefined;
+}
+
+const opened: Locks[] = [];
+const open = (locks: Locks): Locks => {
+  opened.push(locks);
+  return locks;
+};
+afterAll(async () => {
+  await Promise.all(opened.map((l) => l.close()));
+});
+
+describe('createLocks({ backend })', () => {
+  it('backend: null is an InvalidArgumentError naming backend, not the default ./leasehold.db', () => {
+    const error = thrown(() => createLocks({ backend: null as never }));
+    expect(error).toBeInstanceOf(InvalidArgumentError);
+    expect(error).toMatchObject({ argument: 'backend' });
+    expect((error as Error).message).toMatch(/got null/);
+  });
+
+  it('backend: undefined (or absent) still means the default', () => {
+    expect(createLocks({ backend: undefined, url: 'memory:' })).toBeInstanceOf(Locks);
+  });
+});
+
+describe('memory: URLs share one coordinator per process', () => {
+  it('two createLocks({ url: "memory:" }) exclude each other and share the key\'s tokens', async () => {
+    const key = uniqueName('shared');
+    const a = open(createLocks({ url: 'memory:' }));
+    const b = open(createLocks({ url: 'memory:' }));
+    const first = await a.acquire(key, { ttlMs: 10_000 });
+    expect(await b.tryAcquire(key)).toBeNull();
+    // A waiter on b is woken by a's release (subscriptions reach across the clients).
+    const waiting = b.acquire(key, { ttlMs: 10_000, waitMs: 5_000 });
+    const started = performance.now();
+    await first.release();
+    const second = await waiting;
+    expect(performance.now() - started).toBeLessThan(1_000);
+    expect(second.token).toBe(first.token + 1n);
+    await second.release();
+  });
+
+  it('MEMORY: (schemes are case-insensitive) is the same coordinator', async () => {
+    const key = uniqueName('case');
+    const a = open(createLocks({ url: 'memory:' }));
+    const b = open(createLocks({ url: 'MEMORY:' }));
+    const lease = await a.acquire(key);
+    expect(await b.tryAcquire(key)).toBeNull();
+    await lease.release();
+    expect(thrown(() => createLocks({ url: 'Memory:x' }))).toMatchObject({ argument: 'url', message: expect.stringMatching(/takes nothing after the colon/) });
+  });
+
+  it('closing one Locks releases its leases and leaves the other working', async () => {
+    const key = uniqueName('close');
+    const a = createLocks({ url: 'memory:' });
+    const b = open(createLocks({ url: 'memory:' }));
+    const held = await a.acquire(key, { ttlMs: 60_000 });
+    const waiting = b.acquire(key, { waitMs: 5_000 });
+    await a.close();
+    const lease = await waiting; // a's close released its lease and did not close the coordinator
+    expect(lease.token).toBe(held.token + 1n);
+    await lease.release();
+    expect(await b.tryAcquire(key)).not.toBeNull();
+    await expect(a.acquire(key)).rejects.toThrow();
+    // A third client, made after a closed, still sees the same coordinator.
+    const c = open(createLocks({ url: 'memory:' }));
+    expect(await c.tryAcquire(key)).toBeNull();
+  });
+
+  it('memoryBackend() called directly makes a private coordinator', async () => {
+    const key = uniqueName('private');
+    const viaUrl = open(createLocks({ url: 'memory:' }));
+    const p1 = open(new Locks({ backend: memoryBackend() }));
+    const p2 = open(createLocks({ backend: memoryBackend() }));
+    const l0 = await viaUrl.acquire(key);
+    const l1 = await p1.acquire(key);
+    const l2 = await p2.acquire(key);
+    expect([l0.token, l1.token, l2.token]).toEqual([1n, 1n, 1n]);
+  });
+});
+
+describe('redis:// URLs select the database in the URL', () => {
+  const key = uniqueName('db');
+  const admin = (db: number) => new Redis(`${REDIS_URL.replace(/\/\d*$/, '')}/${db}`, { lazyConnect: false });
+  /** Keys that mention `key` in database `db` (the backend's key layout is its own business). */
+  const keysIn = async (db: number): Promise<string[]> => {
+    const r = admin(db);
+    try {
+      return await r.keys(`*${key}*`);
+    } finally {
+      r.disconnect();
+    }
+  };
+  afterAll(async () => {
+    for (const db of [0, 5]) {
+      const r = admin(db);
+      const found = await r.keys(`*${key}*`);
+      if (found.length > 0) await r.del(...found);
+      r.disconnect();
+    }
+  });
+
+  it('a lock taken via /5 lands in database 5, not 0', async () => {
+    const locks = open(createLocks({ url: `${REDIS_URL}/5` }));
+    const lease = await locks.acquire(key, { ttlMs: 10_000 });
+    expect((await keysIn(5)).length).toBeGreaterThan(0);
+    expect(await keysIn(0)).toEqual([]);
+    await lease.release();
+  });
+
+  it('a database the server does not have (/99) is an InvalidArgumentError on first use, and nothing lands in database 0', async () => {
+    const locks = open(createLocks({ url: `${REDIS_URL}/99` }));
+    const error = await locks.acquire(`${key}:99`, { ttlMs: 10_000, waitMs: 0 }).then(() => undefined, (e: unknown) => e);
+    expect(error).toBeInstanceOf(InvalidArgumentError);
+    expect(error).toMatchObject({ argument: 'url', retryable: false });
+    expect((error as Error).message).toMatch(/selects database 99, which the server refuses: ERR/);
+    expect(await keysIn(0)).toEqual([]);
+  });
+
+  it('a path that is not a database number is refused at once', () => {
+    for (const url of [`${REDIS_URL}/abc`, `${REDIS_URL}/1/2`, `${REDIS_URL}/-1`, `${REDIS_URL}?db=x`]) {
+      const error = thrown(() => createLocks({ url }));
+      expect(error, url).toBeInstanceOf(InvalidArgumentError);
+      expect(error).toMatchObject({ argument: 'url' });
+      expect((error as Error).message).toMatch(/database number/);
+    }
+  });
+});
