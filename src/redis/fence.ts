@@ -1,9 +1,9 @@
 import type { ChainableCommander } from 'ioredis';
-import { BackendUnavailableError, InvalidArgumentError, StaleTokenError } from '../core/errors.js';
-import type { Fence } from '../core/fence.js';
-import { toToken, type TokenInput } from '../core/token.js';
+import { BackendUnavailableError, InvalidArgumentError, PartialWriteError, StaleTokenError } from '../core/errors.js';
+import { FENCE_GUARD_OPTIONS, fenceTokenCheck, guardHandle, type Fence, type FenceGuardOptions } from '../core/fence.js';
+import type { TokenInput } from '../core/token.js';
 import { checkInteger, checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { checkKeyPrefix, deadline, encodeKey, hasErrorClass, mapRedisError } from './client.js';
+import { checkKeyPrefix, deadline, encodeKey, hasErrorClass, mapRedisError, replyCode } from './client.js';
 
 /** The transaction `mutate` queues its commands on: an ioredis MULTI (sent with EXEC after `mutate` returns). */
 export type RedisMulti = ChainableCommander;
@@ -66,7 +66,7 @@ export type NodeRedisMulti = NodeRedisFenceMulti & {
   [command: string]: any;
 };
 
-export interface RedisFenceOptions {
+export interface RedisFenceOptions extends FenceGuardOptions {
   /** Prefix of the high-water mark keys; must not contain `{` or `}`. @default 'leasehold:fence:' */
   prefix?: string;
   /** Dedicated connections for WATCH/MULTI/EXEC (WATCH is per connection); more writers wait. @default 4 */
@@ -92,8 +92,16 @@ const MAX_ATTEMPTS = 100;
  * - `mutate` queues commands; it cannot read inside the transaction (Redis transactions have no
  *   reads), so read-modify-write must be a command (INCR, HINCRBY…) or a script you queue.
  * - If `mutate` throws, nothing is sent and its error reaches you unchanged.
+ * - `mutate` gets a guarded view of the MULTI: EXEC (any variant), DISCARD, WATCH, UNWATCH, MULTI,
+ *   SELECT, QUIT and RESET (as methods or raw commands) are refused with InvalidArgumentError naming
+ *   `mutate`, and nothing is sent even if `mutate` caught the error; once `write` settled every call
+ *   through it is refused. (An EXEC by `mutate` would run the transaction, and the fence's own EXEC
+ *   would then run it again without WATCH and could lower the mark.)
+ * - A queued command that Redis refuses when queueing it (unknown command, wrong arguments):
+ *   Redis discards the whole transaction, nothing ran; InvalidArgumentError naming `mutate`.
  * - A queued command that fails when EXEC runs it (e.g. WRONGTYPE) does not undo the others:
- *   Redis has no rollback. `write` then rejects with InvalidArgumentError naming the command.
+ *   Redis has no rollback. `write` then rejects with PartialWriteError (PARTIAL_WRITE): the mark
+ *   was raised and the other commands ran.
  * - Redis Cluster: MULTI needs one slot. The mark key is `<prefix>{<resource>}` (with `}` and `%`
  *   percent-encoded); give your data keys the same hash tag.
  * - The fence opens up to `connections` duplicates of `client` (WATCH is per connection), closes
@@ -107,7 +115,8 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
     throw new InvalidArgumentError('client', `expected an ioredis or node-redis client (get, duplicate), got ${describe(client)}`);
   }
   const o = checkObject(options, 'options');
-  checkKnownOptions(o, ['prefix', 'connections', 'commandTimeoutMs'], 'options');
+  checkKnownOptions(o, ['prefix', 'connections', 'commandTimeoutMs', ...FENCE_GUARD_OPTIONS], 'options');
+  const readToken = fenceTokenCheck(o);
   const prefix = o.prefix === undefined ? 'leasehold:fence:' : checkKeyPrefix(o.prefix, 'options.prefix');
   const size = o.connections === undefined ? 4 : checkInteger(o.connections, 'options.connections', 1, 1_000);
   const timeoutMs = o.commandTimeoutMs === undefined ? 2_000 : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, 600_000);
@@ -118,9 +127,9 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
   const pool = new Pool(open, size);
 
   return {
-    async write<R>(resource: string, token: TokenInput, mutate: (tx: unknown) => R | Promise<R>): Promise<R> {
+    async write<R>(resource: string, token: TokenInput, mutate: (tx: unknown) => R | Promise<R>, writeOptions?: unknown): Promise<R> {
       checkKey(resource, 'resource');
-      const t = toToken(token);
+      const t = readToken(resource, token, writeOptions);
       if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);
       const key = markKey(resource);
       let conn: TxConn | undefined;
@@ -135,12 +144,21 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
             throw new StaleTokenError(resource, t, BigInt(current));
           }
           const tx = conn.begin(key, t.toString());
+          const guard = guardHandle(tx as object, refuseRedis, REDIS_ASYNC);
           let result: R;
           try {
-            result = await mutate(tx);
+            result = await mutate(guard.handle);
           } catch (error) {
             await call(conn.unwatch(), 'unwatch').catch(() => (healthy = false));
-            throw new MutateFailed(error); // nothing was sent: the queued commands die with tx
+            // nothing was sent: the queued commands die with tx
+            throw guard.misuse ?? new MutateFailed(error);
+          } finally {
+            guard.revoke();
+          }
+          if (guard.misuse) {
+            // mutate caught the refusal: send nothing all the same
+            await call(conn.unwatch(), 'unwatch').catch(() => (healthy = false));
+            throw guard.misuse;
           }
           const outcome = await call(conn.exec(tx), 'exec');
           if (outcome === 'conflict') {
@@ -148,15 +166,25 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
             if (attempt >= MAX_ATTEMPTS) throw new BackendUnavailableError('redis fence', `write to "${resource}" kept conflicting with other writers (${attempt} tries)`);
             continue;
           }
+          if (outcome !== undefined && 'discarded' in outcome) {
+            const error = outcome.discarded;
+            const code = replyCode(error);
+            if (code === 'ERR' || code === 'EXECABORT' || code === 'CROSSSLOT') {
+              throw new InvalidArgumentError('mutate', `Redis refused a command mutate queued (${error.message}) and discarded the transaction: nothing ran`, { cause: error });
+            }
+            healthy = false;
+            throw mapRedisError('redis fence', 'exec', error);
+          }
           if (outcome !== undefined) {
             const { index, error } = outcome;
-            throw new InvalidArgumentError('mutate', `queued command #${index} failed when EXEC ran it (${error.message}); Redis does not roll back the others`, { cause: error });
+            // index 0 is the fence's own SET of the mark; mutate's commands follow
+            throw new PartialWriteError(resource, t, `the command #${index} queued by mutate failed when EXEC ran it (${error.message}); Redis does not roll back: the mark and the other commands were applied`, { cause: error });
           }
           return result;
         }
       } catch (error) {
         if (error instanceof MutateFailed) throw error.error; // the caller's own error, unchanged
-        if (error instanceof StaleTokenError || error instanceof InvalidArgumentError) throw error;
+        if (error instanceof StaleTokenError || error instanceof InvalidArgumentError || error instanceof PartialWriteError) throw error;
         healthy = false;
         throw mapRedisError('redis fence', 'write', error);
       } finally {
@@ -183,13 +211,15 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
  * One dedicated connection for WATCH/MULTI/EXEC, over either driver. `exec` answers 'conflict'
  * when a watched key changed (nothing ran), the first queued command that failed, or undefined.
  */
+type ExecOutcome = 'conflict' | { index: number; error: Error } | { discarded: Error } | undefined;
+
 interface TxConn {
   watch(key: string): Promise<unknown>;
   unwatch(): Promise<unknown>;
   get(key: string): Promise<string | null>;
   /** A MULTI with the mark already raised in it. */
   begin(key: string, token: string): unknown;
-  exec(tx: unknown): Promise<'conflict' | { index: number; error: Error } | undefined>;
+  exec(tx: unknown): Promise<ExecOutcome>;
   quit(): Promise<void>;
   destroy(): void;
 }
@@ -223,7 +253,15 @@ function ioredisTx(client: RedisFenceClient, call: <T>(p: Promise<T>, what: stri
         return tx;
       },
       async exec(tx) {
-        const replies = (await (tx as RedisMulti).exec()) as [Error | null, unknown][] | null;
+        let replies: [Error | null, unknown][] | null;
+        try {
+          replies = (await (tx as RedisMulti).exec()) as [Error | null, unknown][] | null;
+        } catch (error) {
+          // EXECABORT: a command was refused when queued and Redis discarded the transaction
+          if (replyCode(error) !== 'EXECABORT') throw error;
+          const first = (error as { previousErrors?: unknown }).previousErrors;
+          return { discarded: Array.isArray(first) && first[0] instanceof Error ? first[0] : (error as Error) };
+        }
         if (replies === null) return 'conflict';
         const index = replies.findIndex(([error]) => error);
         return index >= 0 ? { index, error: replies[index]![0]! } : undefined;
@@ -279,6 +317,8 @@ function nodeRedisTx(client: NodeRedisFenceClient, call: <T>(p: Promise<T>, what
             const reply: unknown = failed.replies[index];
             return { index, error: reply instanceof Error ? reply : new Error(String(reply)) };
           }
+          // a command refused when queued (node-redis rejects with its reply): Redis discarded the transaction
+          if (replyCode(error) !== undefined) return { discarded: error as Error };
           throw error;
         }
       },
@@ -292,6 +332,27 @@ function nodeRedisTx(client: NodeRedisFenceClient, call: <T>(p: Promise<T>, what
       destroy,
     };
   };
+}
+
+/** Refused calls whose API is asynchronous: refused with a rejected promise. */
+const REDIS_ASYNC: ReadonlySet<string> = new Set(['exec', 'execBuffer', 'execTyped', 'execAsPipeline', 'execAsPipelineTyped', 'EXEC']);
+/** Commands that would run, drop or move the fence's transaction (or the connection it runs on). */
+const REDIS_REFUSED = new Set(['exec', 'discard', 'watch', 'unwatch', 'multi', 'select', 'quit', 'reset']);
+/** Methods that send a raw command named by their first argument (ioredis call/callBuffer, node-redis sendCommand/addCommand). */
+const RAW_COMMAND = new Set(['call', 'callbuffer', 'sendcommand', 'addcommand']);
+
+/** What `mutate` must not do with the MULTI: run it, drop it, watch, nest, or switch database. */
+function refuseRedis(method: string, args: unknown[]): string | undefined {
+  const m = method.toLowerCase();
+  let command: string | undefined;
+  if (m.startsWith('exec') || REDIS_REFUSED.has(m)) command = m.startsWith('exec') ? 'EXEC' : m.toUpperCase();
+  else if (RAW_COMMAND.has(m)) {
+    const first: unknown = Array.isArray(args[0]) ? (args[0] as unknown[])[0] : args[0];
+    const name = typeof first === 'string' ? first : first instanceof Uint8Array ? Buffer.from(first).toString() : undefined;
+    if (name !== undefined && REDIS_REFUSED.has(name.toLowerCase())) command = name.toUpperCase();
+  }
+  if (command === undefined) return undefined;
+  return `mutate called ${command} on the fence's MULTI; the fence runs it with EXEC after mutate returns (refused; nothing was sent)`;
 }
 
 /** Carries an error thrown by the caller's `mutate` past our own error mapping. */
