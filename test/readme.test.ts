@@ -3,6 +3,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import ts from 'typescript';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCluster, type Cluster } from './fixtures/etcd-cluster.mjs';
 import { ERROR_CODES } from '../src/index.js';
@@ -41,6 +42,23 @@ const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
   ['npx leasehold verify ', /\nverdict: PASS \(every check passed\)\n$/],
 ];
 
+/** The oldest Node the package supports (package.json `engines`), whose syntax every example must keep to. */
+const MIN_NODE = Number(/^>=(\d+)$/.exec((JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node)?.[1]);
+/** The newest ECMAScript edition each supported Node runs in full (Node 20: ES2023). */
+const TARGET_OF_NODE: Record<number, ts.ScriptTarget> = { 20: ts.ScriptTarget.ES2023 };
+
+/**
+ * Syntax in `code` that the oldest supported Node cannot parse, found whatever Node runs this test:
+ * TypeScript, transpiling to that Node's edition, has to emit a helper for it (`await using` needs
+ * __addDisposableResource, decorators __esDecorate, …). Returns the helpers' names.
+ */
+function syntaxTooNew(code: string): string[] {
+  const target = TARGET_OF_NODE[MIN_NODE];
+  if (target === undefined) throw new Error(`engines.node is >=${MIN_NODE}: add its ECMAScript edition to TARGET_OF_NODE`);
+  const out = ts.transpileModule(code, { compilerOptions: { target, module: ts.ModuleKind.ESNext } }).outputText;
+  return [...out.matchAll(/^var (__\w+) = \(this && this\.\1\)/gm)].map((m) => m[1]!);
+}
+
 function expectOutput(table: [string, string | RegExp][], text: string, matches: (text: string, key: string) => boolean, out: string): void {
   const found = table.filter(([key]) => matches(text, key));
   expect(found.map(([key]) => key), 'exactly one expected output in the test for this README example').toHaveLength(1);
@@ -64,7 +82,25 @@ describe('README', () => {
     expect(examples.length).toBeGreaterThanOrEqual(2);
   });
 
+  it(`finds syntax that Node ${MIN_NODE} cannot run (the check below can fail)`, () => {
+    expect(syntaxTooNew('const lease = { async [Symbol.asyncDispose]() {} };\n{ await using l = lease; }')).toContain('__addDisposableResource');
+    expect(syntaxTooNew('using x = { [Symbol.dispose]() {} };')).toContain('__addDisposableResource');
+    expect(syntaxTooNew('const a = [1].findLast((x) => x > 0); const b = a?.toString() ?? 1_000n;')).toEqual([]);
+  });
+
+  it(`says, wherever it mentions \`await using\`, that Node ${MIN_NODE} cannot run it`, () => {
+    const paragraphs = readme.split(/\n\s*\n/).filter((p) => p.includes('await using'));
+    expect(paragraphs.length).toBeGreaterThan(0);
+    for (const p of paragraphs) expect(p).toMatch(new RegExp(`SyntaxError[\\s\\S]*Node ${MIN_NODE}|Node ${MIN_NODE}[\\s\\S]*SyntaxError`));
+  });
+
   examples.forEach((code, i) => {
+    // Run below on whatever Node runs the tests; this holds them to the oldest one supported, so an
+    // example with `await using` (a SyntaxError on Node 20) fails here even on a newer Node.
+    it(`example ${i + 1} uses only syntax Node ${MIN_NODE} has`, () => {
+      expect(syntaxTooNew(code)).toEqual([]);
+    });
+
     it(`example ${i + 1} runs`, () => {
       // Inside the package directory, so `import 'leasehold'` resolves to this package (self-reference).
       mkdirSync(join(root, '.readme-run'), { recursive: true });
@@ -103,6 +139,7 @@ describe('README', () => {
       new errors.StaleTokenError('r', 1n, 2n),
       new errors.InvalidArgumentError('ttlMs', 'bad'),
       new errors.BackendUnavailableError('sqlite', 'down'),
+      new errors.PartialWriteError('r', 1n, 'committed by mutate'),
     ];
     expect(instances.map((e) => e.code).sort()).toEqual(Object.keys(ERROR_CODES).sort());
     for (const e of instances) {
