@@ -68,3 +68,27 @@ for (const t of targets) {
     });
   });
 }
+
+describe('CLI with a --url the coordinator cannot take', () => {
+  // A configuration error is exit 64 with the usage line, at once: never retried as "unavailable" (69).
+  const cases: [url: string, message: RegExp][] = [
+    ['etcd://127.0.0.1:99999', /the port must be from 1 to 65535, got 99999/],
+    ['redis://127.0.0.1:6379/abc', /database number/],
+    ['redis://127.0.0.1:6379/99', /selects database 99, which the server refuses/],
+  ];
+  for (const [url, message] of cases) {
+    it(`run --url ${url}: exit 64`, async () => {
+      const r = await runCli(['run', `cli-bad-url-${process.pid}`, '--url', url, '--', 'true'], sb, { timeoutMs: 15_000 });
+      expect(r.code).toBe(64);
+      expect(r.errLines[0]).toMatch(message);
+      expect(r.errLines[1]).toMatch(/^usage: leasehold run /);
+    });
+  }
+
+  it('run --url MEMORY: works (schemes are case-insensitive)', async () => {
+    const r = await runCli(['run', `cli-memory-${process.pid}`, '--url', 'MEMORY:', '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)'], sb);
+    expect(r.stderr).toBe('');
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toBe('1');
+  });
+});
