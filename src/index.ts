@@ -31,7 +31,7 @@ export {
   ERROR_CODES, isLeaseholdError, type ErrorCode, type LossReason,
 } from './core/errors.js';
 export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, type TokenInput } from './core/token.js';
-export type { Fence } from './core/fence.js';
+export type { Fence, FenceGuardOptions, FenceWriteOptions } from './core/fence.js';
 export type {
   Backend, BackendCapabilities, AcquireRequest, AcquireResult, RenewRequest, RenewResult, ReleaseRequest, SessionSupport,
   KeyState, HolderState, HandOff,
@@ -39,5 +39,5 @@ export type {
 export type { LockEvents, LockEventName } from './core/events.js';
 export { systemClock, manualClock, skewedClock, type Clock, type ManualClock, type TimerHandle } from './core/clock.js';
 export { MAX_KEY_BYTES, MIN_TTL_MS, type LockMode } from './core/validate.js';
-export { memoryBackend, memoryFence, type MemoryBackendOptions } from './memory/index.js';
+export { memoryBackend, memoryFence, type MemoryBackendOptions, type MemoryFenceOptions } from './memory/index.js';
 export { backendFromUrl, DEFAULT_URL } from './connect.js';

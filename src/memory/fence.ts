@@ -1,21 +1,29 @@
 import { StaleTokenError, InvalidArgumentError } from '../core/errors.js';
-import type { Fence } from '../core/fence.js';
-import { toToken, type TokenInput } from '../core/token.js';
-import { checkKey, describe } from '../core/validate.js';
+import { FENCE_GUARD_OPTIONS, fenceTokenCheck, type Fence, type FenceGuardOptions } from '../core/fence.js';
+import type { TokenInput } from '../core/token.js';
+import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
+
+/** Options of memoryFence: only which lock guards which resource (see FenceGuardOptions). */
+export type MemoryFenceOptions = FenceGuardOptions;
 
 /**
  * A fence for state inside this process: `mutate()` runs inside a per-resource critical section,
  * the high-water mark is raised only when `mutate` succeeds. Nothing is rolled back for you: if
- * `mutate` fails halfway, undo your own changes before rethrowing.
+ * `mutate` fails halfway, undo your own changes before rethrowing. `mutate` gets no handle, so it
+ * cannot end the critical section early; a `mutate` that never settles holds the resource forever
+ * (and one that writes the same resource through this fence waits for itself): keep it bounded.
  */
-export function memoryFence(): Fence<void> {
+export function memoryFence(options?: MemoryFenceOptions): Fence<void> {
+  const o = checkObject(options, 'options');
+  checkKnownOptions(o, FENCE_GUARD_OPTIONS, 'options');
+  const readToken = fenceTokenCheck(o);
   const highest = new Map<string, bigint>();
   const tails = new Map<string, Promise<unknown>>();
 
   return {
-    async write<R>(resource: string, token: TokenInput, mutate: (tx: void) => R | Promise<R>): Promise<R> {
+    async write<R>(resource: string, token: TokenInput, mutate: (tx: void) => R | Promise<R>, writeOptions?: unknown): Promise<R> {
       checkKey(resource, 'resource');
-      const t = toToken(token);
+      const t = readToken(resource, token, writeOptions);
       if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);
       const previous = tails.get(resource) ?? Promise.resolve();
       const run = previous.then(async () => {

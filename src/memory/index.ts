@@ -1,2 +1,2 @@
 export { memoryBackend, type MemoryBackendOptions } from './backend.js';
-export { memoryFence } from './fence.js';
+export { memoryFence, type MemoryFenceOptions } from './fence.js';

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
-import type { Fence } from '../../src/core/fence.js';
+import type { Fence, FenceGuardOptions } from '../../src/core/fence.js';
 import { formatSequencer, MAX_TOKEN } from '../../src/core/token.js';
 
 export interface FenceHarness<Tx> {
@@ -20,6 +20,12 @@ export interface FenceHarness<Tx> {
   transactional: boolean;
   /** True when mutate must run synchronously (better-sqlite3); the suite then never hands it a promise. */
   synchronous: boolean;
+  /**
+   * A fence over the same store made with the lock-key options every factory takes (the suite
+   * compares marks only within the fence it made); optional for third-party fences (the per-call
+   * `lockKey` is tested on every fence either way).
+   */
+  fenceWith?(options: FenceGuardOptions): Fence<Tx>;
   cleanup(): Promise<void>;
 }
 
@@ -161,6 +167,68 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       expect(result.problems).toEqual([]);
       expect(result.accepted + result.refused).toBe(40);
       expect(result.accepted).toBeGreaterThan(0);
+    });
+
+    it('lockKey per call: a sequencer of another lock is refused (InvalidArgumentError naming token and both keys), nothing changed', async () => {
+      const r = res('lockkey-call');
+      const own = `lock:${r}`;
+      await h.fence.write(r, formatSequencer(own, 'exclusive', 3n), (tx) => h.append(tx, r, 'own'), { lockKey: own });
+      let ran = false;
+      // a lock whose numbers run far ahead (another backend, another key) must not take the resource
+      const e = await h.fence
+        .write(r, formatSequencer('other-lock', 'exclusive', 900n), (tx) => ((ran = true), h.append(tx, r, 'other')), { lockKey: own })
+        .catch((x: unknown) => x);
+      expect(e).toBeInstanceOf(InvalidArgumentError);
+      expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'token', retryable: false });
+      expect((e as Error).message).toContain(JSON.stringify(own));
+      expect((e as Error).message).toContain('"other-lock"');
+      expect(ran).toBe(false);
+      expect(await h.fence.highest(r)).toBe(3n);
+      expect(await h.log(r)).toEqual(['own']);
+      // the right lock's next grant still writes: the refusal raised nothing
+      await h.fence.write(r, formatSequencer(own, 'exclusive', 4n), (tx) => h.append(tx, r, 'own again'), { lockKey: own });
+      // a bare token names no lock: accepted unchecked unless the fence has requireSequencer
+      await h.fence.write(r, 5n, (tx) => h.append(tx, r, 'bare'), { lockKey: own });
+      expect(await h.fence.highest(r)).toBe(5n);
+      expect(await h.log(r)).toEqual(['own', 'own again', 'bare']);
+      // bad options are refused before anything runs
+      for (const [bad, argument] of [[{ lockKey: '' }, 'options.lockKey'], [{ lockkey: own }, 'options.lockkey'], ['lock', 'options']] as const) {
+        await expect(h.fence.write(r, 6n, () => {}, bad as never), argument).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument });
+      }
+      expect(await h.fence.highest(r)).toBe(5n);
+    });
+
+    it('lockKey factory option: each resource checked against its own lock; requireSequencer refuses bare tokens; nothing changed on refusal', async () => {
+      const r = res('lockkey-option');
+      const free = res('lockkey-free');
+      const lockOf = (resource: string): string | undefined => (resource === r ? `lock:${r}` : undefined);
+      // A harness without fenceWith (third-party fences) gets the same per-resource checks through the per-call option.
+      const guarded: Fence<Tx> = h.fenceWith
+        ? h.fenceWith({ lockKey: lockOf })
+        : { write: (x, t, m, o) => h.fence.write(x, t, m, o ?? (lockOf(x) === undefined ? undefined : { lockKey: lockOf(x)! })), highest: (x) => h.fence.highest(x) };
+      await guarded.write(r, formatSequencer(`lock:${r}`, 'exclusive', 2n), (tx) => h.append(tx, r, 'own'));
+      await expect(guarded.write(r, formatSequencer('other-lock', 'shared', 2n), (tx) => h.append(tx, r, 'other'))).rejects.toMatchObject({ argument: 'token' });
+      // the call's lockKey overrides the option
+      await guarded.write(r, formatSequencer('renamed', 'exclusive', 3n), (tx) => h.append(tx, r, 'renamed'), { lockKey: 'renamed' });
+      // a resource the function gives no lock for is not checked
+      await guarded.write(free, formatSequencer('anything', 'exclusive', 7n), () => {});
+      expect(await guarded.highest(r)).toBe(3n);
+      expect(await h.log(r)).toEqual(['own', 'renamed']);
+      if (!h.fenceWith) return;
+
+      const strict = h.fenceWith({ lockKey: lockOf, requireSequencer: true });
+      await expect(strict.write(r, 10n, (tx) => h.append(tx, r, 'bare'))).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'token' });
+      await expect(strict.write(r, '10', (tx) => h.append(tx, r, 'bare'))).rejects.toMatchObject({ argument: 'token' });
+      await strict.write(free, 8n, () => {}); // no lock known for it: a bare token is fine
+      await strict.write(r, formatSequencer(`lock:${r}`, 'exclusive', 4n), (tx) => h.append(tx, r, 'own, strict'));
+      expect(await strict.highest(r)).toBe(4n);
+      expect(await h.log(r)).toEqual(['own', 'renamed', 'own, strict']);
+
+      const weird = h.fenceWith({ lockKey: () => 42 as unknown as string });
+      await expect(weird.write(r, formatSequencer(`lock:${r}`, 'exclusive', 5n), () => {})).rejects.toMatchObject({ argument: 'lockKey' });
+      expect(() => h.fenceWith!({ lockKey: 'lock:x' as never })).toThrow(InvalidArgumentError);
+      expect(() => h.fenceWith!({ requireSequencer: 'yes' as never })).toThrow(InvalidArgumentError);
+      expect(await strict.highest(r)).toBe(4n);
     });
 
     it('the checker catches a fence that ignores tokens (the mutant must fail)', async () => {

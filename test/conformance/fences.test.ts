@@ -12,6 +12,7 @@ fenceConformance<void>('memory', async () => {
   const logs = new Map<string, string[]>();
   return {
     fence: memoryFence(),
+    fenceWith: (options) => memoryFence(options), // its own marks: the suite only compares within one instance
     async increment(_tx, r) {
       const n = counters.get(r) ?? 0;
       await new Promise((resolve) => setImmediate(resolve)); // give other writers every chance to interleave
@@ -37,6 +38,7 @@ fenceConformance<SqliteDatabase>('sqlite', async () => {
   const reader = new Database(join(dir.path, 'data.db'), { readonly: true });
   return {
     fence: sqliteFence(db),
+    fenceWith: (options) => sqliteFence(db, options),
     increment(tx, r) {
       const row = tx.prepare('SELECT n FROM counters WHERE resource = ?').get(r) as { n: number } | undefined;
       tx.prepare('INSERT INTO counters (resource, n) VALUES (?, ?) ON CONFLICT (resource) DO UPDATE SET n = excluded.n').run(r, (row?.n ?? 0) + 1);
@@ -64,6 +66,7 @@ fenceConformance<PgClient>('postgres', async () => {
                     CREATE TABLE ${schema}.items (seq bigserial PRIMARY KEY, resource text NOT NULL, value text NOT NULL)`);
   return {
     fence: postgresFence(pool, { schema, table: 'marks' }),
+    fenceWith: (options) => postgresFence(pool, { schema, table: 'marks', ...options }),
     async increment(tx, r) {
       const { rows } = await tx.query(`SELECT n FROM ${schema}.counters WHERE resource = $1`, [r]);
       const n = (rows[0]?.n as number | undefined) ?? 0;

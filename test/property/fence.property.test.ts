@@ -3,14 +3,15 @@
  * three forms, mutate that succeeds or throws) against a fence, compared step by step with the
  * model. A write is accepted iff its token >= the highest accepted for that resource; a refusal
  * is a StaleTokenError naming resource, token and highest; a refusal or a throwing mutate changes
- * neither the mark nor the data; the user's error reaches the caller unchanged. Mutant fences
- * must be caught by the same check, or the check proves nothing.
+ * neither the mark nor the data; the user's error reaches the caller unchanged. With the fence's
+ * `lockKey` option, a sequencer of another lock is an InvalidArgumentError naming `token` that
+ * changes nothing either. Mutant fences must be caught by the same check, or the check proves nothing.
  */
 import Database from 'better-sqlite3';
 import fc from 'fast-check';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { StaleTokenError } from '../../src/core/errors.js';
+import { InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
 import type { Fence } from '../../src/core/fence.js';
 import { formatSequencer, toToken, type TokenInput } from '../../src/core/token.js';
 import { memoryFence } from '../../src/memory/index.js';
@@ -18,15 +19,24 @@ import { postgresFence, type PgClient } from '../../src/postgres/index.js';
 import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
 import { PG_URL, uniqueName } from '../helpers/env.js';
 
-interface Op { resource: number; token: number; form: 'bigint' | 'decimal' | 'sequencer'; throws: boolean }
+/** `otherLock`: a sequencer names another lock than the resource's own (the fence is told `lockKey: (r) => r`). */
+interface Op { resource: number; token: number; form: 'bigint' | 'decimal' | 'sequencer'; throws: boolean; otherLock: boolean }
 
-const opArb: fc.Arbitrary<Op> = fc.record({
-  resource: fc.nat(2),
-  token: fc.integer({ min: 1, max: 12 }),
-  form: fc.constantFrom<Op['form']>('bigint', 'decimal', 'sequencer'),
-  throws: fc.boolean(),
-});
+const opArbWith = (otherLock: fc.Arbitrary<boolean>): fc.Arbitrary<Op> =>
+  fc.record({
+    resource: fc.nat(2),
+    token: fc.integer({ min: 1, max: 12 }),
+    form: fc.constantFrom<Op['form']>('bigint', 'decimal', 'sequencer'),
+    throws: fc.boolean(),
+    otherLock,
+  });
+const opArb = opArbWith(fc.constant(false));
+/** Histories with sequencers of other locks mixed in (some with far larger tokens: another backend's numbers). */
+const lockOpArb = opArbWith(fc.boolean());
 const histories = fc.array(opArb, { minLength: 1, maxLength: 40 });
+const lockHistories = fc.array(lockOpArb, { minLength: 1, maxLength: 40 });
+/** The lock that guards each resource in these tests: the resource's own name (as tokenInput's sequencers say). */
+const lockKey = (resource: string): string => resource;
 
 /** A fence plus the data it protects, for one history. `write` stores the token in the resource's data inside the fence's transaction. */
 interface Subject {
@@ -41,7 +51,7 @@ function tokenInput(op: Op, resource: string): TokenInput {
   const t = BigInt(op.token);
   if (op.form === 'bigint') return t;
   if (op.form === 'decimal') return t.toString();
-  return formatSequencer(resource, 'exclusive', t);
+  return op.otherLock ? formatSequencer(`other:${resource}`, 'exclusive', t * 1000n) : formatSequencer(resource, 'exclusive', t);
 }
 
 /** Runs one history against a subject and the model; throws on the first divergence. */
@@ -58,7 +68,11 @@ async function check(ops: Op[], subject: Subject): Promise<void> {
         .write(resource, tokenInput(op, resource), (tx) => subject.mutate(tx, resource, t, own, `result ${i}`))
         .then((value) => ({ value }), (error: unknown) => ({ error }));
       const high = highest.get(resource);
-      if (high !== undefined && t < high) {
+      if (op.form === 'sequencer' && op.otherLock) {
+        expect('error' in outcome, `${where}: a sequencer of another lock accepted`).toBe(true);
+        expect((outcome as { error: unknown }).error, where).toBeInstanceOf(InvalidArgumentError);
+        expect((outcome as { error: InvalidArgumentError }).error.argument, where).toBe('token');
+      } else if (high !== undefined && t < high) {
         expect('error' in outcome, `${where}: stale token accepted`).toBe(true);
         const e = (outcome as { error: unknown }).error;
         expect(e, where).toBeInstanceOf(StaleTokenError);
@@ -80,7 +94,7 @@ async function check(ops: Op[], subject: Subject): Promise<void> {
 }
 
 /** The memory fence rolls nothing back: a mutate that fails undoes its own change before throwing (as the fence asks). */
-function memorySubject(make: () => Fence<void> = memoryFence): Subject {
+function memorySubject(make: () => Fence<void> = () => memoryFence({ lockKey })): Subject {
   const data = new Map<string, bigint[]>();
   return {
     fence: make() as Fence<unknown>,
@@ -103,7 +117,7 @@ function sqliteSubject(): Subject {
   db.exec('CREATE TABLE items (seq INTEGER PRIMARY KEY AUTOINCREMENT, resource TEXT NOT NULL, token INTEGER NOT NULL)');
   const read = db.prepare('SELECT token FROM items WHERE resource = ? ORDER BY seq').pluck().safeIntegers(true);
   return {
-    fence: sqliteFence(db) as Fence<unknown>,
+    fence: sqliteFence(db, { lockKey }) as Fence<unknown>,
     mutate(tx, resource, token, error, result) {
       (tx as SqliteDatabase).prepare('INSERT INTO items (resource, token) VALUES (?, ?)').run(resource, token);
       if (error) throw error; // after writing: the fence's transaction must undo it
@@ -163,11 +177,11 @@ const MUTANTS: Record<string, () => Fence<void>> = {
 
 describe('I3 over random write sequences (model-checked)', () => {
   it('memory fence', async () => {
-    await fc.assert(fc.asyncProperty(histories, (ops) => check(ops, memorySubject())), { numRuns: 300 });
+    await fc.assert(fc.asyncProperty(lockHistories, (ops) => check(ops, memorySubject())), { numRuns: 300 });
   });
 
   it('sqlite fence', async () => {
-    await fc.assert(fc.asyncProperty(histories, (ops) => check(ops, sqliteSubject())), { numRuns: 200 });
+    await fc.assert(fc.asyncProperty(lockHistories, (ops) => check(ops, sqliteSubject())), { numRuns: 200 });
   });
 
   describe('postgres fence (real server)', () => {
@@ -188,7 +202,7 @@ describe('I3 over random write sequences (model-checked)', () => {
         const r = ++run;
         return {
           // a fresh mark table per history, in the test's own schema
-          fence: postgresFence(pool, { schema, table: `marks_${r}` }) as Fence<unknown>,
+          fence: postgresFence(pool, { schema, table: `marks_${r}`, lockKey }) as Fence<unknown>,
           async mutate(tx, resource, token, error, result) {
             await (tx as PgClient).query(`INSERT INTO ${schema}.items (run, resource, token) VALUES ($1, $2, $3)`, [r, resource, token.toString()]);
             if (error) throw error;
@@ -198,7 +212,7 @@ describe('I3 over random write sequences (model-checked)', () => {
           done: async () => {},
         };
       };
-      await fc.assert(fc.asyncProperty(fc.array(opArb, { minLength: 1, maxLength: 25 }), (ops) => check(ops, subject())), { numRuns: 25 });
+      await fc.assert(fc.asyncProperty(fc.array(lockOpArb, { minLength: 1, maxLength: 25 }), (ops) => check(ops, subject())), { numRuns: 25 });
     });
   });
 
@@ -211,5 +225,13 @@ describe('I3 over random write sequences (model-checked)', () => {
       );
       expect(result.failed, `mutant "${name}" escaped the model`).toBe(true);
     }
+  });
+
+  it('the model catches a fence that ignores which lock a sequencer came from (the mutant must fail)', async () => {
+    const result = await fc.check(
+      fc.asyncProperty(lockHistories, (ops) => check(ops, memorySubject(() => memoryFence()))),
+      { numRuns: 500, seed: 20261201, endOnFailure: true },
+    );
+    expect(result.failed, 'a fence without lockKey escaped the model').toBe(true);
   });
 });
