@@ -626,7 +626,7 @@ export function redisBackend(options: RedisBackendOptions): Backend {
     return runner.run<T, R>(op, keys, args, what, onLate, map);
   };
 
-  const wakes = new WakeHub(conn, `${prefix}wake:${randomBytes(12).toString('hex')}`);
+  const wakes = new WakeHub(conn, `${prefix}wake:${randomBytes(12).toString('hex')}`, commandTimeoutMs);
 
   const release = (req: ReleaseRequest): Promise<void> =>
     run('release', 'release', [lockKey(req.key)], [req.owner, req.token.toString(), retain], undefined, ignore);
@@ -751,11 +751,15 @@ export function redisBackend(options: RedisBackendOptions): Backend {
       return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
     },
 
+    /**
+     * Bounded even against a server that accepts connections and never answers: QUIT on each of our
+     * connections (this one and the wake-up subscriber) is waited for at most `commandTimeoutMs`,
+     * then the sockets are dropped. A client passed in stays open.
+     */
     async close() {
       if (closed) return;
       closed = true;
-      await wakes.close();
-      await conn.close();
+      await Promise.all([wakes.close(), conn.close(commandTimeoutMs)]);
     },
   };
   if (withSessions) backend.sessions = sessions;
@@ -794,6 +798,10 @@ function decimal(ms: number): string {
 class WakeHub {
   readonly #conn: Conn;
   readonly channel: string;
+  /** The backend's commandTimeoutMs: bounds opening the subscriber and its QUIT at close. */
+  readonly #timeoutMs: number;
+  /** Aborted by close(): a subscriber still connecting is dropped at once. */
+  readonly #closing = new AbortController();
   readonly #handlers = new Map<string, Set<(handOff?: HandOff) => void>>();
   readonly #pending = new Map<string, { at: number; handOff: HandOff | undefined }>();
   #sub: Promise<Subscriber> | undefined;
@@ -801,9 +809,10 @@ class WakeHub {
   #failedAt = -Infinity;
   #closed = false;
 
-  constructor(conn: Conn, channel: string) {
+  constructor(conn: Conn, channel: string, timeoutMs: number) {
     this.#conn = conn;
     this.channel = channel;
+    this.#timeoutMs = timeoutMs;
   }
 
   /** True when wake-ups can be delivered now (subscribes on first use, and only then answers later). */
@@ -816,7 +825,7 @@ class WakeHub {
   async #open(): Promise<boolean> {
     if (!this.#sub) {
       if (performance.now() - this.#failedAt < SUBSCRIBER_RETRY_MS) return false;
-      const opening = this.#conn.subscribe(this.channel, (message) => this.#deliver(message));
+      const opening = this.#conn.subscribe(this.channel, (message) => this.#deliver(message), this.#timeoutMs, this.#closing.signal);
       this.#sub = opening;
       opening.catch(() => {
         this.#failedAt = performance.now();
@@ -824,7 +833,7 @@ class WakeHub {
       });
     }
     try {
-      const sub = await deadline(this.#sub, REDIS_DEFAULTS.commandTimeoutMs, 'redis', 'subscribe');
+      const sub = await this.#sub;
       if (this.#closed) return false;
       this.#subscriber = sub;
       return sub.ready;
@@ -868,14 +877,16 @@ class WakeHub {
     if (this.#pending.size > 0) this.#pending.delete(wakeIdOf(owner));
   }
 
+  /** Bounded: a subscriber still connecting is dropped now, an open one gets QUIT for at most the command timeout. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#closing.abort();
     for (const set of this.#handlers.values()) for (const fn of set) fn();
     this.#handlers.clear();
     this.#pending.clear();
     const sub = this.#sub;
     this.#sub = undefined;
     this.#subscriber = undefined;
-    if (sub) await sub.then((s) => s.close()).catch(() => {});
+    if (sub) await sub.then((s) => s.close(this.#timeoutMs)).catch(() => {});
   }
 }

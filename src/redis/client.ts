@@ -45,23 +45,47 @@ export type RedisClientLike = IoredisLike | NodeRedisLike;
 /** A subscription connection of our own, on one channel. */
 export interface Subscriber {
   readonly ready: boolean;
-  close(): Promise<void>;
+  /** Unsubscribes politely (QUIT) for at most `timeoutMs`, then drops the socket: bounded, never rejects. */
+  close(timeoutMs?: number): Promise<void>;
 }
 
 /** One Redis connection as the backends see it: raw commands, a subscriber, SCAN targets. */
 export interface Conn {
-  /** Sends one command; rejects with the driver's error. Fails fast when the connection is down. */
+  /**
+   * Sends one command; rejects with the driver's error. Fails fast when the connection is down or
+   * refused (with the driver's error: ECONNREFUSED…); a call in flight when the connection closes
+   * fails then, with the error that closed it (see {@link Conn.explain}).
+   */
   command(args: readonly string[]): Promise<unknown>;
-  /** The same as `command([name, ...args])`, without building the joined array. */
+  /**
+   * The same as `command([name, ...args])`, without building the joined array, and for the hot path:
+   * a rejection is the driver's own; pass it through {@link Conn.explain}.
+   */
   send(name: string, args: readonly string[]): Promise<unknown>;
-  /** Opens a second connection subscribed to `channel`; messages go to `onMessage`. */
-  subscribe(channel: string, onMessage: (message: string) => void): Promise<Subscriber>;
+  /**
+   * The error a caller should see for a driver's rejection: a call in flight when the connection
+   * closed (ioredis says only "Reached the max retries per request limit") becomes "connection
+   * closed with the call in flight: <the error that closed it>"; anything else is returned as is.
+   */
+  explain(error: unknown): unknown;
+  /**
+   * Opens a second connection subscribed to `channel`; messages go to `onMessage`. Bounded: when it
+   * is not subscribed within `timeoutMs`, or `signal` aborts first, the connection is dropped and
+   * the promise rejects.
+   */
+  subscribe(channel: string, onMessage: (message: string) => void, timeoutMs: number, signal?: AbortSignal): Promise<Subscriber>;
   /** Where SCAN must run to see every key: the masters of a cluster, or this connection. */
   scanTargets(): Conn[];
   readonly isCluster: boolean;
-  /** Closes the connection if we opened it; a user's client is left alone. */
-  close(): Promise<void>;
+  /**
+   * Closes the connection if we opened it (a user's client is left alone): QUIT, waited for at most
+   * `timeoutMs` (a frozen server never answers it), then the socket is dropped. Never rejects.
+   */
+  close(timeoutMs?: number): Promise<void>;
 }
+
+/** How long `close()` waits for QUIT when no bound is given. */
+export const CLOSE_TIMEOUT_MS = 2_000;
 
 /**
  * Options of the ioredis clients leasehold creates from a URL: no offline queue and no resending
@@ -78,6 +102,10 @@ export const CLIENT_DEFAULTS: Readonly<RedisOptions> = Object.freeze({
   // The backend batches concurrent calls itself, only while the connection is busy (LuaRunner).
   enableAutoPipelining: false,
   connectTimeout: 2_000,
+  // After close() gave up on QUIT (a frozen server), the socket is ended and then destroyed after
+  // this long (ioredis's default, 2 s, keeps a process alive that long for nothing). A live server
+  // closes its side at once, so this only matters when it does not.
+  disconnectTimeout: 200,
   retryStrategy: (attempt: number) => Math.min(25 * 2 ** Math.min(attempt, 10), 1_000),
 });
 
@@ -112,33 +140,158 @@ function quiet(client: { on(event: string, listener: () => void): unknown }): vo
   client.on('error', () => {});
 }
 
+/** Resolves once `p` settles or `ms` passed, whichever comes first; never rejects (a close that must not hang). */
+function settleWithin(p: Promise<unknown> | undefined, ms: number): Promise<void> {
+  if (p === undefined) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    p.then(done, done);
+  });
+}
+
+/**
+ * `p`, unless `ms` pass or `signal` aborts first: then it rejects (and `p`'s outcome is ignored).
+ * For opening our own subscriber connection, which a frozen server would keep waiting for ever.
+ */
+function within<T>(p: Promise<T>, ms: number, signal: AbortSignal | undefined, what: string): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    let done = false;
+    const finish = (): boolean => {
+      if (done) return false;
+      done = true;
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      return true;
+    };
+    const onAbort = (): void => {
+      if (finish()) reject(new Error(`${what}: closed before it was ready`));
+    };
+    const timer = setTimeout(() => {
+      if (finish()) reject(new Error(`${what} got no answer within ${ms} ms`));
+    }, ms);
+    if (signal?.aborted) return onAbort();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (value) => {
+        if (finish()) resolve(value);
+      },
+      (error: unknown) => {
+        if (finish()) reject(error);
+      },
+    );
+  });
+}
+
+/**
+ * Waits for an ioredis connection's first 'ready'; rejects as soon as it closes or ends first (a
+ * refused connection: with the driver's error, e.g. ECONNREFUSED) instead of waiting for the
+ * reconnections.
+ */
+function firstReady(client: IoredisLike, lastError: () => Error | undefined, what: string): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    client.on('ready', () => resolve());
+    const down = (): void => reject(lastError() ?? new Error(`${what} closed before it was ready`));
+    client.on('close', down);
+    client.on('end', down);
+  });
+}
+
+/** An ioredis client we own: QUIT, waited for at most `timeoutMs`, then the socket is dropped (ended, destroyed if the peer does not close). */
+async function closeIoredis(client: IoredisLike, timeoutMs: number): Promise<void> {
+  // QUIT only makes sense on a connection that answers; otherwise it would wait, queue or fail.
+  if (client.status === undefined || client.status === 'ready') await settleWithin(client.quit(), timeoutMs);
+  if (client.status !== 'end') client.disconnect();
+}
+
+/** A node-redis client we own: close() (or quit()), waited for at most `timeoutMs`, then destroy(). */
+async function closeNodeRedis(client: NodeRedisLike, timeoutMs: number): Promise<void> {
+  let closing: Promise<unknown> | undefined;
+  try {
+    closing = client.close?.() ?? client.quit?.();
+  } catch {
+    // not open: nothing to say goodbye to
+  }
+  await settleWithin(closing, timeoutMs);
+  try {
+    client.destroy?.(); // a close() that did not finish in time is cut short; after one that did, nothing happens
+  } catch {
+    // already closed (older node-redis throws ClientClosedError)
+  }
+}
+
 function ioredisConn(client: IoredisLike, owned: boolean): Conn {
   let everReady = client.status === 'ready';
-  let waiting: Promise<void> | undefined;
-  if (owned) quiet(client);
+  /** Callers waiting for the first connection (one shared promise, settled by the listeners below). */
+  let waiting: { promise: Promise<void>; resolve: () => void; reject: (error: Error) => void } | undefined;
+  /**
+   * The driver's last connection error (ECONNREFUSED, ECONNRESET…) since the connection was last
+   * ready, to tell callers why it is down. Only on connections we opened: an 'error' listener on a
+   * user's client would silence ioredis's own report of unhandled errors.
+   */
+  let lastError: Error | undefined;
+  const down = (status: string): Error => lastError ?? new Error(`connection is ${status}`);
+  const settleWaiting = (error?: Error): void => {
+    const w = waiting;
+    waiting = undefined;
+    if (w && error) w.reject(error);
+    else w?.resolve();
+  };
+  if (owned) {
+    quiet(client);
+    client.on('error', (error: Error) => (lastError = error));
+  }
   client.on('ready', () => {
     everReady = true;
+    lastError = undefined;
+    settleWaiting();
   });
+  // The first connection was refused or dropped before it was ready: its waiters fail now, not at their deadline.
+  client.on('close', () => settleWaiting(down('closed')));
+  client.on('end', () => settleWaiting(down('ended')));
 
-  /** Before the first connection, waits for it (bounded by the caller's deadline); after that, a down connection fails at once. */
+  /**
+   * Before the first connection, waits for it (bounded by the caller's deadline) unless it is
+   * refused or closed (then fails at once, with the driver's error); after that, a connection that
+   * is not ready fails at once.
+   */
   const ready = (): Promise<void> | undefined => {
     const status = client.status;
     if (status === undefined || status === 'ready') return undefined;
-    if (status === 'end' || status === 'close') return Promise.reject(new Error(`connection is ${status}`));
-    if (everReady || status === 'reconnecting') return Promise.reject(new Error(`connection is ${status}`));
-    return (waiting ??= new Promise<void>((resolve, reject) => {
-      client.on('ready', () => {
-        waiting = undefined;
-        resolve();
+    if (status === 'end' || status === 'close' || status === 'reconnecting' || everReady) return Promise.reject(down(status));
+    if (!waiting) {
+      let resolve!: () => void;
+      let reject!: (error: Error) => void;
+      const promise = new Promise<void>((res, rej) => {
+        resolve = res;
+        reject = rej;
       });
-      client.on('end', () => reject(new Error('connection ended')));
-    }));
+      waiting = { promise, resolve, reject };
+    }
+    return waiting.promise;
+  };
+
+  /**
+   * With maxRetriesPerRequest 0 (CLIENT_DEFAULTS), ioredis rejects the commands in flight when the
+   * socket closes with a MaxRetriesPerRequestError, which says nothing of the connection: name the
+   * loss and keep the driver's error (ECONNRESET…) as the cause.
+   */
+  const explain = (error: unknown): unknown => {
+    if (!hasErrorClass(error, 'MaxRetriesPerRequestError')) return error;
+    const why = lastError;
+    return new Error(`connection closed with the call in flight${why ? `: ${why.message}` : ' (Connection is closed.)'}`, { cause: why ?? error });
+  };
+  const explained = (error: unknown): never => {
+    throw explain(error);
   };
 
   const conn: Conn = {
     isCluster: client.isCluster === true,
     command(args) {
-      return conn.send(args[0]!, args.slice(1));
+      return conn.send(args[0]!, args.slice(1)).catch(explained);
     },
     send(name, args) {
       const gate = ready();
@@ -146,13 +299,16 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
       if (!gate) return client.call(name, args as never);
       return gate.then(() => client.call(name, args as never));
     },
-    async subscribe(channel, onMessage) {
+    explain,
+    async subscribe(channel, onMessage, timeoutMs, signal) {
       // ioredis resubscribes by itself after a reconnection, but leaves a refused SUBSCRIBE (an ACL
       // change: NOPERM) as an unhandled rejection. On a single node we resubscribe ourselves instead;
       // until that succeeds the subscriber is not ready (waiters poll).
       const own = client.isCluster !== true;
       const sub = own ? client.duplicate({ autoResubscribe: false }) : client.duplicate();
       quiet(sub);
+      let subError: Error | undefined;
+      sub.on('error', (error: Error) => (subError = error));
       let isReady = false;
       let subscribed = false;
       sub.on('message', ((ch: string, message: string) => {
@@ -164,13 +320,8 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
       });
       sub.on('close', () => (isReady = false));
       try {
-        if (sub.status !== 'ready') {
-          await new Promise<void>((resolve, reject) => {
-            sub.on('ready', () => resolve());
-            sub.on('end', () => reject(new Error('subscriber connection ended')));
-          });
-        }
-        await sub.subscribe(channel);
+        const opening = (sub.status === 'ready' ? Promise.resolve() : firstReady(sub, () => subError, 'subscriber connection')).then(() => sub.subscribe(channel));
+        await within(opening, timeoutMs, signal, 'subscribe');
         subscribed = true;
         isReady = true;
       } catch (error) {
@@ -181,19 +332,16 @@ function ioredisConn(client: IoredisLike, owned: boolean): Conn {
         get ready() {
           return isReady;
         },
-        async close() {
-          await sub.quit().catch(() => sub.disconnect());
-        },
+        close: (closeTimeoutMs = CLOSE_TIMEOUT_MS) => closeIoredis(sub, closeTimeoutMs),
       };
     },
     scanTargets() {
       if (client.isCluster && typeof client.nodes === 'function') return client.nodes('master').map((n) => ioredisConn(n, false));
       return [conn];
     },
-    async close() {
+    async close(timeoutMs = CLOSE_TIMEOUT_MS) {
       if (!owned) return;
-      await client.quit().catch(() => {});
-      client.disconnect();
+      await closeIoredis(client, timeoutMs);
     },
   };
   return conn;
@@ -211,34 +359,39 @@ function nodeRedisConn(client: NodeRedisLike, owned: boolean): Conn {
       if (!client.isReady) return Promise.reject(new Error('node-redis client is not ready'));
       return client.sendCommand([name, ...args]);
     },
-    async subscribe(channel, onMessage) {
+    explain: (error) => error,
+    async subscribe(channel, onMessage, timeoutMs, signal) {
       const sub = client.duplicate();
       quiet(sub);
       let isReady = false;
       sub.on('ready', () => (isReady = true));
       sub.on('end', () => (isReady = false));
       sub.on('error', () => (isReady = false));
-      await sub.connect();
-      await sub.subscribe(channel, (message) => onMessage(message));
+      try {
+        await within(
+          sub.connect().then(() => sub.subscribe(channel, (message) => onMessage(message))),
+          timeoutMs, signal, 'subscribe',
+        );
+      } catch (error) {
+        try {
+          sub.destroy?.();
+        } catch {
+          // never opened
+        }
+        throw error;
+      }
       isReady = true;
       return {
         get ready() {
           return isReady && sub.isReady;
         },
-        async close() {
-          try {
-            if (sub.close) await sub.close();
-            else if (sub.quit) await sub.quit();
-          } catch {
-            sub.destroy?.();
-          }
-        },
+        close: (closeTimeoutMs = CLOSE_TIMEOUT_MS) => closeNodeRedis(sub, closeTimeoutMs),
       };
     },
     scanTargets: () => [conn],
-    async close() {
+    async close(timeoutMs = CLOSE_TIMEOUT_MS) {
       if (!owned) return;
-      await (client.close?.() ?? client.quit?.())?.catch(() => {});
+      await closeNodeRedis(client, timeoutMs);
     },
   };
   return conn;
@@ -513,13 +666,18 @@ export class LuaRunner {
     }
   }
 
+  /** The failure path of a call: reload the library or switch to scripts and try again, or fail (with the connection's error, {@link Conn.explain}). */
   async #recover(error: unknown, name: string, keys: readonly string[], args: readonly string[]): Promise<unknown> {
-    if (!this.#functions) throw error;
-    const code = replyCode(error);
-    if (code === 'NOPERM') this.#functions = false; // FCALL itself refused by an ACL: scripts may be allowed
-    else if (code === 'ERR') await (this.#loading ??= this.#load().finally(() => (this.#loading = undefined)));
-    else throw error;
-    return this.#send(name, keys, args);
+    try {
+      if (!this.#functions) throw error;
+      const code = replyCode(error);
+      if (code === 'NOPERM') this.#functions = false; // FCALL itself refused by an ACL: scripts may be allowed
+      else if (code === 'ERR') await (this.#loading ??= this.#load().finally(() => (this.#loading = undefined)));
+      else throw error;
+      return await this.#send(name, keys, args);
+    } catch (e) {
+      throw this.#conn.explain(e);
+    }
   }
 
   /** Loads the library if the server does not have it; a server that refuses FUNCTION gets scripts instead. */

@@ -479,7 +479,8 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async close() {
       if (closed) return;
       closed = true;
-      await Promise.all(nodes.map((c) => c.close()));
+      // Each bounded (QUIT waited for at most commandTimeoutMs, then the socket dropped), all at once.
+      await Promise.all(nodes.map((c) => c.close(commandTimeoutMs)));
     },
   };
 }
