@@ -34,6 +34,34 @@ describe('the leasehold command on Redis', () => {
     expect(BigInt(viaRedlock.stdout.trim())).toBeGreaterThan(0n);
   });
 
+  it('ls and run against a frozen server (SIGSTOP: connects, never answers) exit 69 instead of hanging', async () => {
+    const server = await startRedis();
+    server.pause();
+    try {
+      // The timeout only keeps a regression from hanging the suite; a fixed build exits in a few seconds.
+      const cli = (...args: string[]) => spawnSync(process.execPath, [MAIN, ...args], { encoding: 'utf8', timeout: 30_000 });
+      const ls = cli('ls', '--url', server.url);
+      expect(ls.signal, 'ls was killed by the test timeout').toBeNull();
+      expect(ls.status).toBe(69);
+      expect(ls.stderr).toMatch(/coordinator unavailable/);
+      const run = cli('run', 'frozen:job', '--url', server.url, '--', 'true');
+      expect(run.signal, 'run was killed by the test timeout').toBeNull();
+      expect(run.status).toBe(69);
+      expect(run.stderr).toMatch(/coordinator unavailable/);
+    } finally {
+      server.resume();
+      await server.kill();
+    }
+  });
+
+  it('ls against a port nobody listens on exits 69 and names ECONNREFUSED', async () => {
+    const server = await startRedis();
+    await server.kill();
+    const ls = spawnSync(process.execPath, [MAIN, 'ls', '--url', server.url], { encoding: 'utf8', timeout: 30_000 });
+    expect(ls.status).toBe(69);
+    expect(ls.stderr).toMatch(/ECONNREFUSED/);
+  });
+
   it('demo: the zombie-worker scenario leases from Redis; the fence refuses the stale token', async () => {
     const server = await startRedis();
     const r = spawnSync(process.execPath, [MAIN, 'demo', '--url', server.url], { encoding: 'utf8', timeout: 60_000 });
