@@ -128,7 +128,7 @@ function plan(o: VerifyOptions, usage: string): Plan {
     try {
       prepareReportDir(resolve(o.reportDir));
     } catch (error) {
-      throw usageError(`cannot write the report into --report ${o.reportDir}: ${(error as Error).message}`, usage);
+      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
     }
   }
   return { coordinator, fence, fenceUrl };
@@ -484,7 +484,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
         });
       } catch (error) {
         // Checked before the run (plan), so only a directory changed or a disk filled meanwhile gets here.
-        throw usageError(`cannot write the report into --report ${o.reportDir}: ${(error as Error).message}`, usage);
+        throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
       }
       print(`report: ${files.timeline}`, `        ${files.history}`);
     }

@@ -28,7 +28,7 @@ describe('verify --report with a path it cannot write', () => {
     const r = await verifyWithReport('/proc/leasehold-test/report');
     expect(r.signal, 'killed by the test: the command hung').toBeNull();
     expect(r.code).toBe(64);
-    expect(r.errLines[0]).toMatch(/^leasehold: cannot write the report into --report \/proc\/leasehold-test\/report: .*ENOENT/);
+    expect(r.errLines[0]).toMatch(/^leasehold: cannot use --report \/proc\/leasehold-test\/report: .*ENOENT/);
     expect(r.errLines[1]).toMatch(/^usage: leasehold verify /);
     expect(r.errLines).toHaveLength(2);
     expect(r.stdout).toBe(''); // refused before the run: no schedule, no workers
@@ -40,7 +40,7 @@ describe('verify --report with a path it cannot write', () => {
     writeFileSync(file, 'x');
     const r = await verifyWithReport(join(file, 'report'));
     expect(r.code).toBe(64);
-    expect(r.errLines[0]).toMatch(/cannot write the report into --report .*plain-file\/report: ENOTDIR/);
+    expect(r.errLines[0]).toMatch(/cannot use --report .*plain-file\/report: ENOTDIR/);
     expect(r.errLines[1]).toMatch(/^usage: leasehold verify /);
     expect(r.stdout).toBe('');
   });
@@ -50,7 +50,7 @@ describe('verify --report with a path it cannot write', () => {
     mkdirSync(join(dir, 'history.jsonl'), { recursive: true });
     const r = await verifyWithReport(dir);
     expect(r.code).toBe(64);
-    expect(r.errLines[0]).toMatch(/cannot write the report into --report .*report: EISDIR/);
+    expect(r.errLines[0]).toMatch(/cannot use --report .*report: EISDIR/);
     expect(r.errLines[1]).toMatch(/^usage: leasehold verify /);
     expect(r.stdout).toBe('');
     // The check leaves nothing behind of its own.
