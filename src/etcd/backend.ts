@@ -146,6 +146,11 @@ interface RequestName {
   ownUntil: number | undefined;
   /** A call of this owner failed with an unknown outcome: something under the name may yet be written. Never reused. */
   tainted: boolean;
+  /**
+   * The caller gave up (cancelWait) while a call of its was still running: what that call writes
+   * (a place, a grant) is nobody's, and is deleted again when it ends.
+   */
+  cancelled?: boolean;
 }
 
 /** The busy answer's cursor: who waits, and what to watch from which revision. */
@@ -289,6 +294,8 @@ class EtcdBackend implements Backend {
   readonly #tag = randomBytes(6).toString('hex');
   #nameSeq = 0;
   readonly #names = new Map<string, RequestName>();
+  /** Owner → its acquire calls still running here (a caller that timed one out may cancel meanwhile). */
+  readonly #running = new Map<string, number>();
   /** Lock key → names whose keys are known deleted there, ready for the next request on that lock. */
   readonly #freeNames = new Map<string, string[]>();
   #freeCount = 0;
@@ -315,6 +322,44 @@ class EtcdBackend implements Backend {
 
   async acquire(req: AcquireRequest): Promise<AcquireResult> {
     this.#ensureOpen();
+    this.#running.set(req.owner, (this.#running.get(req.owner) ?? 0) + 1);
+    try {
+      let result: AcquireResult;
+      try {
+        result = await this.#acquire(req);
+      } catch (error) {
+        await this.#dropIfCancelled(req);
+        throw error;
+      }
+      return (await this.#dropIfCancelled(req)) ? { granted: false } : result;
+    } finally {
+      const left = (this.#running.get(req.owner) ?? 1) - 1;
+      if (left > 0) this.#running.set(req.owner, left);
+      else this.#running.delete(req.owner);
+    }
+  }
+
+  /**
+   * A call that ends after its caller gave up (cancelWait came while it ran; its transaction may
+   * have reached etcd after the cancel's delete, on another HTTP/2 stream): deletes what it wrote
+   * under the name, and answers "not granted" (core gives back nothing it does not know of).
+   */
+  async #dropIfCancelled(req: AcquireRequest): Promise<boolean> {
+    const nm = this.#names.get(req.owner);
+    if (!nm?.cancelled || nm.key !== req.key) return false;
+    const p = this.#pending.get(req.owner);
+    this.#pending.delete(req.owner);
+    if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    const layout = new KeyLayout(this.#prefix, req.key);
+    const attempt = () => this.#deleteNamed(layout, nm.name);
+    const deleted = await attempt().then(() => true, () => (this.#followUp(attempt), false));
+    // The last call of the owner has ended: nothing more can be written under the name, which goes
+    // back for reuse once deleted (a call that failed with an unknown outcome tainted it).
+    if ((this.#running.get(req.owner) ?? 0) <= 1) this.#nameDone(req.owner, deleted);
+    return true;
+  }
+
+  async #acquire(req: AcquireRequest): Promise<AcquireResult> {
     // The caller is back after a failed call: whatever happens now decides, but first let a
     // clean-up of that call finish (it must not delete what this call finds granted).
     const uncertain = this.#uncertain.get(req.owner);
@@ -589,12 +634,17 @@ class EtcdBackend implements Backend {
     if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
     const layout = new KeyLayout(this.#prefix, key);
     const name = this.#nameOf(key, owner);
+    // A call of this owner still running may write under the name after this delete: it deletes
+    // again when it ends (#dropIfCancelled), and only then is the name done with.
+    const running = (this.#running.get(owner) ?? 0) > 0;
+    const nm = this.#names.get(owner);
+    if (running && nm && nm.key === key) nm.cancelled = true;
     const attempt = () => this.#deleteNamed(layout, name);
     try {
       await attempt();
-      this.#nameDone(owner, true);
+      if (!running) this.#nameDone(owner, true);
     } catch (error) {
-      this.#nameDone(owner, false);
+      if (!running) this.#nameDone(owner, false);
       const mapped = mapError('cancel wait', error);
       // A grant that landed after the caller gave up may sit on its session lease: keep trying.
       if (mapped.retryable) this.#followUp(attempt);

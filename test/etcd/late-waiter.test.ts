@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, describe, it } from 'vitest';
 import { etcdBackend } from '../../src/etcd/index.js';
 import { startCluster, type Cluster } from '../fixtures/etcd-cluster.mjs';
-import { lateWaiterLeavesNoGhost } from '../helpers/late-waiter.js';
+import { lateWaiterLeavesNoGhost, manyWaitersGiveUpCleanly } from '../helpers/late-waiter.js';
 import { uniqueName } from '../helpers/env.js';
 
 let cluster: Cluster;
@@ -28,5 +28,8 @@ describe('etcd: a waiter whose requests arrive after it gave up', () => {
       },
       { landMs: 500 },
     );
+  });
+  it('300 waiters that give up after 1.5 s all end with ACQUIRE_TIMEOUT and leave no place behind', async () => {
+    await manyWaitersGiveUpCleanly({ direct: () => etcdBackend({ hosts: cluster.endpoints, prefix }) }, { waiters: 300, waitMs: 1_500 });
   });
 });

@@ -52,3 +52,35 @@ export async function lateWaiterLeavesNoGhost(setup: LateWaiterSetup, options: {
     await proxy.close();
   }
 }
+
+/**
+ * Many waiters on one busy key, each giving up after `waitMs` (issue 13, items 1 and 6): every one
+ * ends with ACQUIRE_TIMEOUT, however slow the loaded server's answers are, and none leaves a place
+ * behind: when the holder releases, a client that asks then gets the key at once.
+ */
+export async function manyWaitersGiveUpCleanly(setup: Pick<LateWaiterSetup, 'direct'>, options: { waiters: number; waitMs: number }): Promise<void> {
+  const holder = new Locks({ backend: setup.direct(), holderName: 'holder' });
+  const waiters = [new Locks({ backend: setup.direct(), holderName: 'waiter-a' }), new Locks({ backend: setup.direct(), holderName: 'waiter-b' })];
+  const third = new Locks({ backend: setup.direct(), holderName: 'third' });
+  const key = uniqueName('many-waiters');
+  try {
+    const lease = await holder.acquire(key, { ttlMs: 30_000 });
+    const outcomes = await Promise.all(
+      Array.from({ length: options.waiters }, (_, i) => waiters[i % 2]!.acquire(key, { ttlMs: 30_000, waitMs: options.waitMs }).then(
+        () => 'granted',
+        (e: unknown) => (e as { code?: string }).code ?? String(e),
+      )),
+    );
+    const counts: Record<string, number> = {};
+    for (const o of outcomes) counts[o] = (counts[o] ?? 0) + 1;
+    expect(counts).toEqual({ ACQUIRE_TIMEOUT: options.waiters });
+    await sleep(300); // cancels still on the wire land
+    await lease.release();
+    const next = await third.tryAcquire(key, { ttlMs: 5_000 });
+    const state = (await third.inspect(key)).find((s) => s.key === key);
+    expect({ granted: next !== null, holders: state?.holders.map((h) => h.holder) ?? [] }).toEqual({ granted: true, holders: ['third'] });
+    await next!.release();
+  } finally {
+    await Promise.allSettled([holder.close(), ...waiters.map((w) => w.close()), third.close()]);
+  }
+}

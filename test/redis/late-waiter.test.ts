@@ -4,7 +4,7 @@
  */
 import { afterAll, beforeAll, describe, it } from 'vitest';
 import { redisBackend } from '../../src/redis/index.js';
-import { lateWaiterLeavesNoGhost } from '../helpers/late-waiter.js';
+import { lateWaiterLeavesNoGhost, manyWaitersGiveUpCleanly } from '../helpers/late-waiter.js';
 import { startRedis, stopAll, type RedisServer } from './servers.js';
 
 let server: RedisServer;
@@ -23,5 +23,8 @@ describe('redis: a waiter whose requests arrive after it gave up', () => {
       },
       { landMs: 200 },
     );
+  });
+  it('300 waiters that give up after 1.5 s all end with ACQUIRE_TIMEOUT and leave no place behind', async () => {
+    await manyWaitersGiveUpCleanly({ direct: () => redisBackend({ url: server.url }) }, { waiters: 300, waitMs: 1_500 });
   });
 });
