@@ -37,6 +37,12 @@ export interface PostgresBackendOptions extends PostgresSchemaOptions {
 const CONNECT_TIMEOUT_MS = 5_000;
 /** A statement on our own pool that gets no answer this long is abandoned and its connection destroyed (server hung, network black hole). */
 const QUERY_TIMEOUT_MS = 10_000;
+/**
+ * close() waits this long for the server's goodbye (the end of the LISTEN connection, the pool's
+ * end), then drops the sockets: a server that accepts connections and never answers (frozen,
+ * a black-holed link) must not keep close(), or the process, waiting.
+ */
+const CLOSE_TIMEOUT_MS = 2_000;
 /** Idle connections of our own pool are closed after this long. */
 const IDLE_TIMEOUT_MS = 10_000;
 const DEFAULT_POOL_SIZE = 10;
@@ -166,12 +172,18 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
           return client as unknown as ListenConnection;
         },
         dispose: async (connection) => {
+          // Both ways end the connection politely (Terminate, then our FIN) and wait for the server
+          // to close its side; a frozen server never does: after CLOSE_TIMEOUT_MS the socket is destroyed.
+          const open = socketOf(connection)?.destroyed === false;
+          const ended = new Promise<void>((resolve) => (connection as unknown as pg.Client).once('end', () => resolve()));
           if ('release' in connection && typeof (connection as PgClient).release === 'function') {
             // A pool client that has LISTENed is never given back: destroy it, the pool makes a fresh one.
             (connection as unknown as PgClient).release(true);
+            if (open) await settleWithin(ended, CLOSE_TIMEOUT_MS);
           } else {
-            await (connection as unknown as pg.Client).end();
+            await settleWithin(Promise.race([ended, (connection as unknown as pg.Client).end()]), CLOSE_TIMEOUT_MS);
           }
+          socketOf(connection)?.destroy();
         },
       })
     : undefined;
@@ -220,11 +232,15 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       }));
     },
 
+    /**
+     * Bounded: the LISTEN connection and our own pool get CLOSE_TIMEOUT_MS to end politely, then
+     * their sockets are dropped (a statement still in flight on a frozen server is cut by its
+     * QUERY_TIMEOUT_MS at the latest). A pool passed in is left open.
+     */
     async close() {
       if (closed) return;
       closed = true;
-      await listener?.close();
-      if (ownPool) await ownPool.end().catch(() => {});
+      await Promise.all([listener?.close(), ownPool ? settleWithin(ownPool.end(), CLOSE_TIMEOUT_MS) : undefined]);
     },
   };
 
@@ -253,6 +269,28 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     };
   }
   return backend;
+}
+
+/** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */
+function settleWithin(p: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    p.then(done, done);
+  });
+}
+
+/**
+ * A pg client's socket, to destroy it after a goodbye the server did not answer (destroy() on a
+ * closed socket does nothing). pg has no public call for it; `connection.stream` is the socket pg
+ * itself destroys in `end()` when a query is active. Undefined for other clients.
+ */
+function socketOf(client: unknown): { readonly destroyed: boolean; destroy(): void } | undefined {
+  const stream = (client as { connection?: { stream?: { destroyed?: unknown; destroy?: unknown } } } | null)?.connection?.stream;
+  return stream && typeof stream.destroy === 'function' && typeof stream.destroyed === 'boolean' ? (stream as { destroyed: boolean; destroy(): void }) : undefined;
 }
 
 /** The pool made from a connection string: bounded connect and statement times, so a dead server is an error, not a hang. */

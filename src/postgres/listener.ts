@@ -36,6 +36,20 @@ const IDLE_CLOSE_MS = 10_000;
 /** Reconnection after the connection dropped while someone waits: full backoff from 100 ms up to 2 s. */
 const RECONNECT_BASE_MS = 100;
 const RECONNECT_CAP_MS = 2_000;
+/** close() waits at most this long for a connection still opening (it is dropped when it opens, or fails by its timeouts). */
+const CLOSE_WAIT_MS = 2_000;
+
+/** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */
+function settleWithin(p: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    p.then(done, done);
+  });
+}
 
 /**
  * The backend's single LISTEN connection, shared by every waiter of this backend instance. It is
@@ -105,9 +119,12 @@ export class Listener {
     this.#subscribers.clear();
     const pending = this.#connecting;
     this.#connecting = undefined;
-    const connection = this.#connection ?? (await pending?.catch(() => undefined));
+    const connection = this.#connection;
     this.#connection = undefined;
     if (connection) await this.#drop(connection, false);
+    // A connection still opening drops itself when it is done (#open sees #closed); it is waited
+    // for only a while: against a server that never answers it ends by its own timeouts.
+    else if (pending) await settleWithin(pending, CLOSE_WAIT_MS);
   }
 
   #ensure(): Promise<ListenConnection> {
