@@ -27,7 +27,7 @@ export function createLocks(options?: CreateLocksOptions): Locks {
 export { Locks, DEFAULTS, WAITING, type AcquireOptions, type LocksOptions } from './core/locks.js';
 export type { Lease } from './core/lease.js';
 export {
-  LeaseholdError, AcquireTimeoutError, LeaseLostError, StaleTokenError, InvalidArgumentError, BackendUnavailableError, PartialWriteError,
+  LeaseholdError, AcquireTimeoutError, LeaseLostError, StaleTokenError, InvalidArgumentError, BackendUnavailableError, PartialWriteError, ClosedError,
   ERROR_CODES, isLeaseholdError, type ErrorCode, type LossReason,
 } from './core/errors.js';
 export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, type TokenInput } from './core/token.js';

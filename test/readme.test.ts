@@ -140,6 +140,7 @@ describe('README', () => {
       new errors.InvalidArgumentError('ttlMs', 'bad'),
       new errors.BackendUnavailableError('sqlite', 'down'),
       new errors.PartialWriteError('r', 1n, 'committed by mutate'),
+      new errors.ClosedError('Locks instance'),
     ];
     expect(instances.map((e) => e.code).sort()).toEqual(Object.keys(ERROR_CODES).sort());
     for (const e of instances) {

@@ -17,6 +17,15 @@ export interface Clock {
 /** Opaque timer handle of a {@link Clock}. */
 export type TimerHandle = { readonly __timer: unique symbol } | object;
 
+/**
+ * The margin by which a client ends a lease's validity before the coordinator can: a fraction of
+ * the ttl for clock-rate drift, plus 2 ms for timer resolution (node-redlock's arithmetic). Used by
+ * `Locks` (I5) and by backends that judge validity themselves (Redlock's quorum).
+ */
+export function driftMarginMs(ttlMs: number, driftFactor: number): number {
+  return ttlMs * driftFactor + 2;
+}
+
 /** setTimeout's upper bound (2^31 − 1 ms); longer delays fire at once in Node, so they are capped. */
 export const MAX_TIMER_MS = 2_147_483_647;
 

@@ -10,7 +10,8 @@ export type ErrorCode =
   | 'STALE_TOKEN'
   | 'INVALID_ARGUMENT'
   | 'BACKEND_UNAVAILABLE'
-  | 'PARTIAL_WRITE';
+  | 'PARTIAL_WRITE'
+  | 'CLOSED';
 
 export abstract class LeaseholdError extends Error {
   abstract readonly code: ErrorCode;
@@ -151,6 +152,23 @@ export class PartialWriteError extends LeaseholdError {
   }
 }
 
+/**
+ * The `Locks` instance or the backend was closed (`close()`): calls after that, and acquires still
+ * waiting when it was called, reject with this. Not a bad argument and not retryable: make a new
+ * instance. `what` names what was closed (`Locks`, `redis backend`, …).
+ */
+export class ClosedError extends LeaseholdError {
+  override readonly name = 'ClosedError';
+  readonly code = 'CLOSED' as const;
+  readonly retryable = false;
+  readonly what: string;
+
+  constructor(what: string, options?: { cause?: unknown }) {
+    super(`this ${what} was closed`, options);
+    this.what = what;
+  }
+}
+
 /** Every error code with a one-line description; the README's error table is checked against this. */
 export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   ACQUIRE_TIMEOUT: 'acquire waited waitMs and the key stayed busy',
@@ -159,6 +177,7 @@ export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   INVALID_ARGUMENT: 'an argument or option is malformed; nothing was changed',
   BACKEND_UNAVAILABLE: 'the coordinator or store could not be reached or failed',
   PARTIAL_WRITE: 'a fenced write was partly applied: the mark was raised but not all of the mutation ran (no rollback)',
+  CLOSED: 'the Locks instance or backend was closed; calls after close() and waits it interrupted reject with this',
 });
 
 export function isLeaseholdError(error: unknown): error is LeaseholdError {

@@ -72,6 +72,23 @@ const RETRY_FLOOR_MS = 20;
 /** A keeper re-arms its validity timer each time this many more leases join it (each adds to the loss budget). */
 const REARM_EVERY_LEASES = 256;
 
+/** What a {@link Keeper} starts from. */
+export interface KeeperInit {
+  readonly ctx: LeaseContext;
+  /** One renewal round trip; rejects with a LeaseholdError on transient failure. */
+  readonly renewOnce: (ttlMs: number) => Promise<RenewOutcome>;
+  /** When the grant (or session) request was sent: validity counts from there (I5). */
+  readonly sentAt: number;
+  /** The ttl the coordinator applied. */
+  readonly ttlMs: number;
+  /** Renew in the background at ttl/3; off, the ttl is a hard limit. */
+  readonly autoRenew: boolean;
+  /** Called when the keeper has no lease left or is lost. */
+  readonly onIdle?: (keeper: Keeper) => void;
+  /** How a negative renewal answer is reported: a lease that is not held (default), or a session that is gone. */
+  readonly goneReason?: LossReason;
+}
+
 /**
  * Keeps one or more leases alive with one renewal: a single lease (renewed on its own) or a
  * session (every lease of the session is renewed by one keep-alive). It owns the two timers: the
@@ -87,22 +104,22 @@ export class Keeper {
   #inFlight: Promise<void> | undefined;
   #stopped = false;
 
-  constructor(
-    private readonly ctx: LeaseContext,
-    /** One renewal round trip; rejects with a LeaseholdError on transient failure. */
-    private readonly renewOnce: (ttlMs: number) => Promise<RenewOutcome>,
-    sentAt: number,
-    ttlMs: number,
-    private readonly autoRenew: boolean,
-    /** Called when the keeper has no lease left or is lost. */
-    private readonly onIdle: (keeper: Keeper) => void = () => {},
-    /** How a negative renewal answer is reported: a lease that is not held, or a session that is gone. */
-    private readonly goneReason: LossReason = 'not-held',
-  ) {
-    this.ttlMs = ttlMs;
-    this.validUntil = sentAt + ttlMs - ctx.drift(ttlMs);
+  private readonly ctx: LeaseContext;
+  private readonly renewOnce: (ttlMs: number) => Promise<RenewOutcome>;
+  private readonly autoRenew: boolean;
+  private readonly onIdle: (keeper: Keeper) => void;
+  private readonly goneReason: LossReason;
+
+  constructor(init: KeeperInit) {
+    this.ctx = init.ctx;
+    this.renewOnce = init.renewOnce;
+    this.autoRenew = init.autoRenew;
+    this.onIdle = init.onIdle ?? (() => {});
+    this.goneReason = init.goneReason ?? 'not-held';
+    this.ttlMs = init.ttlMs;
+    this.validUntil = init.sentAt + init.ttlMs - init.ctx.drift(init.ttlMs);
     this.#armValidity();
-    this.#scheduleRenewal(ttlMs / 3);
+    this.#scheduleRenewal(init.ttlMs / 3);
   }
 
   get lost(): boolean {

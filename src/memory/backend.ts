@@ -62,11 +62,8 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   const keys = new Map<string, KeyRecord>();
   const sessionTable = new Map<string, { expiresAt: number }>();
   const subscribers = new Map<string, Set<() => void>>();
+  // Calls after close() are refused by core's guard (guardBackend), not here.
   let closed = false;
-
-  const ensureOpen = (): void => {
-    if (closed) throw new InvalidArgumentError('backend', 'this memory backend was closed');
-  };
 
   const record = (key: string): KeyRecord => {
     let r = keys.get(key);
@@ -143,13 +140,11 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   const sessions: SessionSupport | undefined = withSessions
     ? {
         async open(ttlMs) {
-          ensureOpen();
           const id = globalThis.crypto.randomUUID();
           sessionTable.set(id, { expiresAt: clock.now() + ttlMs });
           return { id, ttlMs };
         },
         async keepAlive(id, ttlMs) {
-          ensureOpen();
           const now = clock.now();
           const s = sessionTable.get(id);
           if (!s || s.expiresAt <= now) return false;
@@ -158,7 +153,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
           return true;
         },
         async close(id) {
-          ensureOpen();
           const s = sessionTable.get(id);
           if (!s) return;
           const now = clock.now();
@@ -180,7 +174,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
-      ensureOpen();
       const now = clock.now();
       const r = record(req.key);
       purge(req.key, r, now);
@@ -234,7 +227,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      ensureOpen();
       const now = clock.now();
       const r = keys.get(req.key);
       if (!r) return { renewed: false };
@@ -248,7 +240,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     },
 
     async release(req: ReleaseRequest): Promise<void> {
-      ensureOpen();
       const r = keys.get(req.key);
       if (!r) return;
       purge(req.key, r, clock.now());
@@ -270,7 +261,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     },
 
     async subscribe(key: string, onChange: () => void, cursor?: unknown) {
-      ensureOpen();
       let set = subscribers.get(key);
       if (!set) subscribers.set(key, (set = new Set()));
       set.add(onChange);
@@ -288,10 +278,9 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     },
 
     async inspect(prefix: string): Promise<KeyState[]> {
-      ensureOpen();
       const now = clock.now();
       const out: KeyState[] = [];
-      for (const [key, r] of [...keys].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
+      for (const [key, r] of keys) { // core orders the answer (guardBackend)
         if (!key.startsWith(prefix)) continue;
         purge(key, r, now);
         const delay = Math.max(0, r.delayUntil - now);
@@ -335,29 +324,22 @@ export function sharedMemoryBackend(): Backend {
   /** This client's wake-up subscriptions: woken and ended when it closes, as a private backend does. */
   const mine = new Map<() => void, () => void>();
   let closed = false;
-  const ensureOpen = (): void => {
-    if (closed) throw new InvalidArgumentError('backend', 'this memory backend was closed');
-  };
   return {
     name: core.name,
     capabilities: core.capabilities,
     async acquire(req) {
-      ensureOpen();
       return core.acquire(req);
     },
     async renew(req) {
-      ensureOpen();
       return core.renew(req);
     },
     async release(req) {
-      ensureOpen();
       return core.release(req);
     },
     async cancelWait(req) {
       return core.cancelWait?.(req);
     },
     async subscribe(key, onChange, cursor) {
-      ensureOpen();
       const off = await core.subscribe!(key, onChange, cursor);
       const wake = (): void => onChange();
       const end = (): void => {
@@ -368,7 +350,6 @@ export function sharedMemoryBackend(): Backend {
       return end;
     },
     async inspect(prefix) {
-      ensureOpen();
       return core.inspect(prefix);
     },
     async close() {

@@ -137,7 +137,6 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
 
   /** One statement on the pool, after the schema check; driver errors become leasehold errors. */
   const statement = async (what: string, text: string, values: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null }> => {
-    if (closed) throw new InvalidArgumentError('backend', 'this postgres backend was closed');
     await init();
     try {
       return await pool.query(text, values);
@@ -246,7 +245,6 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
 
   if (listener) {
     backend.subscribe = async (key: string, onChange: () => void, cursor?: unknown): Promise<() => void> => {
-      if (closed) throw new InvalidArgumentError('backend', 'this postgres backend was closed');
       await init();
       const c = isCursor(cursor) ? cursor : undefined;
       let off: () => void;

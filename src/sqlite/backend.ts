@@ -239,7 +239,6 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
 
   let closed = false;
   const run = async <T>(what: string, op: () => T): Promise<T> => {
-    if (closed) throw new InvalidArgumentError('backend', 'this sqlite backend was closed');
     // Inside a transaction the user left open on their connection, our writes would commit or roll
     // back with it: a rollback takes the token counter back (the next grant repeats the token), or
     // the tables created on first use.

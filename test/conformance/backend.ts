@@ -5,7 +5,7 @@
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Backend } from '../../src/core/backend.js';
-import { AcquireTimeoutError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
+import { AcquireTimeoutError, ClosedError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
 import { Locks, type LocksOptions } from '../../src/core/locks.js';
 import type { Lease } from '../../src/core/lease.js';
 import { parseSequencer } from '../../src/core/token.js';
@@ -375,7 +375,8 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       await a.acquire(k, { ttlMs: 20 * T });
       await a.close();
       expect(await (await client()).tryAcquire(k, { ttlMs: T })).not.toBeNull();
-      await expect(a.acquire(k)).rejects.toBeInstanceOf(InvalidArgumentError);
+      await expect(a.acquire(k)).rejects.toBeInstanceOf(ClosedError);
+      await expect(a.inspect(k)).rejects.toMatchObject({ code: 'CLOSED' });
     });
 
     it('withLock: returns the result, releases, and turns a loss during fn into LeaseLostError', async () => {

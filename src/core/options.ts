@@ -1,0 +1,82 @@
+import {
+  checkBoolean, checkInteger, checkKnownOptions, checkMode, checkObject, checkSignal, checkTtl, checkWait, MAX_DURATION_MS, type LockMode,
+} from './validate.js';
+
+/**
+ * Defaults, each with the reason for its value. Frozen: copy them into your own options to change them.
+ */
+export const DEFAULTS = Object.freeze({
+  /** 30 s: a crashed holder blocks the key this long; long enough that a GC pause or a slow renewal does not lose the lease. */
+  ttlMs: 30_000,
+  /** 10 s: long enough to ride out a normal hand-off, short enough that a stuck caller hears about it. */
+  waitMs: 10_000,
+  /** 0: resources that check tokens need no lock-delay (I8); raise it for ones that cannot. */
+  lockDelayMs: 0,
+  mode: 'exclusive' as LockMode,
+  /** On: renew at ttl/3 until released or lost. Off: the ttl is a hard limit. */
+  autoRenew: true,
+  /** On: waiters are served in arrival order where the backend can queue them (no barging, no starvation). */
+  fair: true,
+  /** 1 %, plus 2 ms: the margin by which the client ends validity before the coordinator can (node-redlock's driftFactor). */
+  driftFactor: 0.01,
+  /** 5 s: the longest a single coordinator call may take before it counts as unavailable. */
+  operationTimeoutMs: 5_000,
+});
+
+/**
+ * Waiting constants. A backend with a wake-up hook is still polled every FALLBACK_POLL_MS in case a
+ * notification is lost; one without polls with full-jitter backoff between BACKOFF_BASE_MS and
+ * BACKOFF_CAP_MS (and never later than the moment the holder's ttl would run out).
+ */
+export const WAITING = Object.freeze({
+  fallbackPollMs: 500,
+  /** A queued waiter that stops asking is dropped after this long, so a crashed waiter cannot block a key. */
+  queueTtlMs: 2_000,
+  backoffBaseMs: 5,
+  backoffCapMs: 200,
+});
+
+export interface AcquireOptions {
+  /** Lease time-to-live in ms; with autoRenew, the time a crashed holder keeps the key. @default 30000 */
+  ttlMs?: number;
+  /** How long `acquire` waits for a busy key, in ms; `Infinity` waits forever. Ignored by `tryAcquire`. @default 10000 */
+  waitMs?: number;
+  /** Many `shared` holders, or one `exclusive`. @default 'exclusive' */
+  mode?: LockMode;
+  /** After this lease expires without a release, the key stays ungrantable this long (I8). @default 0 */
+  lockDelayMs?: number;
+  /** Renew in the background at ~ttl/3; `false` makes ttlMs a hard limit. @default true */
+  autoRenew?: boolean;
+  /** Wait in arrival order (backends with a queue). @default true */
+  fair?: boolean;
+  /** Aborting it stops the wait; `acquire` then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+export const ACQUIRE_OPTION_NAMES = ['ttlMs', 'waitMs', 'mode', 'lockDelayMs', 'autoRenew', 'fair', 'signal'] as const;
+
+/** Every acquire option but the signal, filled in. */
+export type AcquireDefaults = Required<Omit<AcquireOptions, 'signal'>>;
+
+/** One acquire's options: copied, defaults filled in, each validated (an error names the option). */
+export type ResolvedAcquire = AcquireDefaults & { signal: AbortSignal | undefined };
+
+/** Validates `options` (a call's, or an instance's `defaults`) over `base`; unknown names are refused. */
+export function resolveAcquireOptions(options: unknown, base: AcquireDefaults, argument: 'options' | 'defaults'): ResolvedAcquire {
+  const o = checkObject(options, argument);
+  checkKnownOptions(o, argument === 'defaults' ? ACQUIRE_OPTION_NAMES.filter((n) => n !== 'signal') : ACQUIRE_OPTION_NAMES, argument);
+  const resolved = resolveAcquire(o, base, argument) as ResolvedAcquire;
+  resolved.signal = o.signal === undefined ? undefined : checkSignal(o.signal, `${argument}.signal`);
+  return resolved;
+}
+
+function resolveAcquire(o: Record<string, unknown>, base: AcquireDefaults, argument: string): AcquireDefaults {
+  return {
+    ttlMs: o.ttlMs === undefined ? base.ttlMs : checkTtl(o.ttlMs, `${argument}.ttlMs`),
+    waitMs: o.waitMs === undefined ? base.waitMs : checkWait(o.waitMs, `${argument}.waitMs`),
+    mode: o.mode === undefined ? base.mode : checkMode(o.mode, `${argument}.mode`),
+    lockDelayMs: o.lockDelayMs === undefined ? base.lockDelayMs : checkInteger(o.lockDelayMs, `${argument}.lockDelayMs`, 0, MAX_DURATION_MS),
+    autoRenew: o.autoRenew === undefined ? base.autoRenew : checkBoolean(o.autoRenew, `${argument}.autoRenew`),
+    fair: o.fair === undefined ? base.fair : checkBoolean(o.fair, `${argument}.fair`),
+  };
+}
