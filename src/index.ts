@@ -36,7 +36,7 @@ export type {
   Backend, BackendCapabilities, AcquireRequest, AcquireResult, RenewRequest, RenewResult, ReleaseRequest, SessionSupport,
   KeyState, HolderState, HandOff,
 } from './core/backend.js';
-export type { LockEvents, LockEventName } from './core/events.js';
+export type { LockEvents, LockEventName, AcquireFailure } from './core/events.js';
 export { systemClock, manualClock, skewedClock, type Clock, type ManualClock, type TimerHandle } from './core/clock.js';
 export { MAX_KEY_BYTES, MIN_TTL_MS, type LockMode } from './core/validate.js';
 export { memoryBackend, memoryFence, type MemoryBackendOptions, type MemoryFenceOptions } from './memory/index.js';

@@ -2,7 +2,7 @@ import type { AcquireResult, Backend, HandOff } from './backend.js';
 import { fullJitter, pause } from './backoff.js';
 import type { Clock } from './clock.js';
 import { AcquireTimeoutError, type LeaseholdError } from './errors.js';
-import type { LockEvents, TypedEmitter } from './events.js';
+import type { AcquireFailure, LockEvents, TypedEmitter } from './events.js';
 import { CallTimeoutError, LeaseImpl, toLeaseholdError, withTimeout } from './lease.js';
 import { WAITING, type ResolvedAcquire } from './options.js';
 import type { Session, SessionPool } from './sessions.js';
@@ -113,7 +113,7 @@ export class Acquisition {
   }
 
   async run(): Promise<LeaseImpl | null> {
-    this.#signal.throwIfAborted();
+    if (this.#signal.aborted) this.#giveUp(this.#signal.reason);
     try {
       for (;;) {
         if (this.#signal.aborted) this.#giveUp(this.#signal.reason);
@@ -124,6 +124,7 @@ export class Acquisition {
         if (asked) return asked;
         if (!this.#wait) {
           if (this.#lastError) this.#giveUp(this.#lastError);
+          this.#ctx.events.emit('busy', { key: this.#key, waitedMs: this.#ctx.clock.now() - this.#start });
           return null;
         }
         const remaining = this.#deadline - this.#ctx.clock.now();
@@ -306,7 +307,8 @@ export class Acquisition {
   }
 
   #giveUp(error: unknown): never {
-    this.#ctx.events.emit('acquireFailed', { key: this.#key, waitedMs: this.#ctx.clock.now() - this.#start, error });
+    const outcome: AcquireFailure = error instanceof AcquireTimeoutError ? 'timeout' : this.#signal.aborted && error === this.#signal.reason ? 'aborted' : 'error';
+    this.#ctx.events.emit('acquireFailed', { key: this.#key, waitedMs: this.#ctx.clock.now() - this.#start, outcome, error });
     throw error;
   }
 

@@ -25,9 +25,18 @@ export interface LockEvents {
   releaseFailed: { key: string; token: bigint; error: LeaseholdError };
   /** The lease was lost; `lease.signal` was aborted with `error` at the same moment. Never fires after `released`. */
   lost: { key: string; token: bigint; reason: LossReason; error: LeaseLostError; heldMs: number };
-  /** `acquire` or `tryAcquire` gave up with `error`: a timeout, an abort, `close()`, or a coordinator error. Not fired when `tryAcquire` finds the key busy. */
-  acquireFailed: { key: string; waitedMs: number; error: unknown };
+  /**
+   * `acquire` or `tryAcquire` gave up with `error`; `outcome` says why: `timeout` (waitMs ran out:
+   * AcquireTimeoutError), `aborted` (the caller's signal, or `close()`), `error` (the coordinator
+   * failed, or a bad argument it refused). Not fired when `tryAcquire` finds the key busy (`busy`).
+   */
+  acquireFailed: { key: string; waitedMs: number; outcome: AcquireFailure; error: unknown };
+  /** `tryAcquire` found the key busy and returned null. */
+  busy: { key: string; waitedMs: number };
 }
+
+/** Why an acquire gave up (see `acquireFailed`). */
+export type AcquireFailure = 'timeout' | 'aborted' | 'error';
 
 export type LockEventName = keyof LockEvents;
 export type LockListener<E extends LockEventName> = (event: LockEvents[E]) => void;

@@ -106,6 +106,11 @@ export class Locks {
     return this;
   }
 
+  /** The backend's `name` (`sqlite`, `redis`, …) once it is loaded (on first use), else undefined. */
+  get backendName(): string | undefined {
+    return this.#loaded?.backend.name;
+  }
+
   /** Leases of this instance that are neither released nor lost. */
   leases(): Lease[] {
     return [...this.#leases];
