@@ -117,7 +117,7 @@ describe('redis:// URLs select the database in the URL', () => {
     }
   });
 
-  it('a lock taken via /5 lands in database 5, not 0', async () => {
+  it('storage layout: a lock taken via /5 lands in database 5, not 0 (reads the keys of both databases)', async () => {
     const locks = open(createLocks({ url: `${REDIS_URL}/5` }));
     const lease = await locks.acquire(key, { ttlMs: 10_000 });
     expect((await keysIn(5)).length).toBeGreaterThan(0);
@@ -125,7 +125,7 @@ describe('redis:// URLs select the database in the URL', () => {
     await lease.release();
   });
 
-  it('a database the server does not have (/99) is an InvalidArgumentError on first use, and nothing lands in database 0', async () => {
+  it('storage layout: a database the server does not have (/99) is an InvalidArgumentError on first use, and no key lands in database 0', async () => {
     const locks = open(createLocks({ url: `${REDIS_URL}/99` }));
     const error = await locks.acquire(`${key}:99`, { ttlMs: 10_000, waitMs: 0 }).then(() => undefined, (e: unknown) => e);
     expect(error).toBeInstanceOf(InvalidArgumentError);
