@@ -10,7 +10,7 @@
 //   etcd binary (tests start their own members on their own ports)
 //   pgbouncer binary (tests start their own, in transaction mode, in front of PostgreSQL)
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -31,6 +31,55 @@ function sh(cmd, args, opts = {}) {
 
 const canApt = process.getuid?.() === 0 && !!which('apt-get');
 let aptUpdated = false;
+/**
+ * How long apt-get waits for a lock held by another apt or dpkg process (unattended-upgrades, a
+ * second test run installing at the same time) instead of failing at once. apt-get install waits
+ * for the dpkg lock itself with `DPkg::Lock::Timeout`; apt-get update (apt 2.6) does not apply it to
+ * the package lists' lock, so that one is waited for here.
+ */
+const APT_LOCK_TIMEOUT_S = 120;
+const APT_LOCK_OPTION = ['-o', `DPkg::Lock::Timeout=${APT_LOCK_TIMEOUT_S}`];
+const APT_LISTS_LOCK = '/var/lib/apt/lists/lock';
+
+/**
+ * The pid holding a lock on `path` (apt and dpkg take POSIX locks), read from /proc/locks;
+ * undefined when none is held or this cannot be told (no such file, no /proc).
+ */
+function lockHolder(path) {
+  let st;
+  let locks;
+  try {
+    st = statSync(path, { bigint: true });
+    locks = readFileSync('/proc/locks', 'utf8');
+  } catch {
+    return undefined;
+  }
+  // /proc/locks names a file as MAJOR:MINOR:INODE, the device numbers in hex; a line with `->` is a waiter, not a holder.
+  const major = ((st.dev >> 8n) & 0xfffn) | ((st.dev >> 32n) & ~0xfffn);
+  const minor = (st.dev & 0xffn) | ((st.dev >> 12n) & ~0xffn);
+  for (const line of locks.split('\n')) {
+    const f = line.trim().split(/\s+/);
+    if (f[1] === '->') continue;
+    const [maj, min, ino] = (f[5] ?? '').split(':');
+    if (ino !== undefined && BigInt(ino) === st.ino && BigInt(`0x${maj}`) === major && BigInt(`0x${min}`) === minor) return f[4];
+  }
+  return undefined;
+}
+
+/** apt-get update, waiting up to APT_LOCK_TIMEOUT_S for another process's hold on the lists' lock (before, and if it was taken in between). */
+async function aptUpdate(env) {
+  const deadline = performance.now() + APT_LOCK_TIMEOUT_S * 1000;
+  for (;;) {
+    let holder = lockHolder(APT_LISTS_LOCK);
+    if (holder !== undefined) log(`waiting up to ${APT_LOCK_TIMEOUT_S} s for ${APT_LISTS_LOCK}, held by process ${holder}`);
+    while (holder !== undefined && performance.now() < deadline) {
+      await sleep(1000);
+      holder = lockHolder(APT_LISTS_LOCK);
+    }
+    if (sh('apt-get', [...APT_LOCK_OPTION, 'update', '-q'], { env })) return true;
+    if (lockHolder(APT_LISTS_LOCK) === undefined || performance.now() >= deadline) return false;
+  }
+}
 /** policy-rc.d answering 101 ("not allowed"): invoke-rc.d and deb-systemd-invoke then start no service. */
 const POLICY_RC_D = '/usr/sbin/policy-rc.d';
 /**
@@ -39,17 +88,17 @@ const POLICY_RC_D = '/usr/sbin/policy-rc.d';
  * kept from starting by a policy-rc.d that exists only for the install (one already there is left
  * alone), and under systemd also disabled, so nothing of theirs runs.
  */
-function aptInstall(packages, { noServices = false, units = [] } = {}) {
+async function aptInstall(packages, { noServices = false, units = [] } = {}) {
   if (!canApt) return false;
   const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
   if (!aptUpdated) {
-    sh('apt-get', ['update', '-q'], { env });
+    await aptUpdate(env);
     aptUpdated = true;
   }
   const ownPolicy = noServices && !existsSync(POLICY_RC_D);
   if (ownPolicy) writeFileSync(POLICY_RC_D, '#!/bin/sh\nexit 101\n', { mode: 0o755 });
   try {
-    return sh('apt-get', ['install', '-y', '-q', '--no-install-recommends', ...packages], { env });
+    return sh('apt-get', [...APT_LOCK_OPTION, 'install', '-y', '-q', '--no-install-recommends', ...packages], { env });
   } finally {
     if (ownPolicy) rmSync(POLICY_RC_D, { force: true });
     if (noServices && existsSync('/run/systemd/system') && which('systemctl')) {
@@ -86,7 +135,7 @@ async function findPostgres() {
   let url = await probe();
   if (url) return url;
   if (explicit) fail(`PostgreSQL at LEASEHOLD_TEST_PG_URL (${explicit}) is not reachable`);
-  if (!which('pg_ctlcluster') && !aptInstall(['postgresql'])) {
+  if (!which('pg_ctlcluster') && !(await aptInstall(['postgresql']))) {
     fail('PostgreSQL is needed: install it (apt-get install postgresql) or set LEASEHOLD_TEST_PG_URL');
   }
   // Start every installed cluster that is down.
@@ -127,7 +176,7 @@ async function findRedis() {
   const explicit = process.env.LEASEHOLD_TEST_REDIS_URL;
   let bin = which('redis-server');
   if (!bin) {
-    if (!aptInstall(['redis-server'])) fail('Redis is needed: install it (apt-get install redis-server)');
+    if (!(await aptInstall(['redis-server']))) fail('Redis is needed: install it (apt-get install redis-server)');
     bin = which('redis-server');
     if (!bin) fail('redis-server is still missing after apt-get install redis-server');
   }
@@ -145,10 +194,10 @@ async function findRedis() {
   return 'redis://127.0.0.1:6379';
 }
 
-function findEtcd() {
+async function findEtcd() {
   let bin = process.env.LEASEHOLD_TEST_ETCD ?? which('etcd');
   if (!bin) {
-    if (!aptInstall(['etcd-server'], { noServices: true, units: ['etcd.service'] })) fail('etcd is needed: install it (apt-get install etcd-server)');
+    if (!(await aptInstall(['etcd-server'], { noServices: true, units: ['etcd.service'] }))) fail('etcd is needed: install it (apt-get install etcd-server)');
     bin = which('etcd');
     if (!bin) fail('etcd is still missing after apt-get install etcd-server');
   }
@@ -160,10 +209,11 @@ function findEtcd() {
   return bin;
 }
 
-function findPgbouncer() {
+async function findPgbouncer() {
   let bin = process.env.LEASEHOLD_TEST_PGBOUNCER ?? which('pgbouncer') ?? (existsSync('/usr/sbin/pgbouncer') ? '/usr/sbin/pgbouncer' : undefined);
   if (!bin) {
-    if (!aptInstall(['pgbouncer'], { noServices: true, units: ['pgbouncer.service', 'pgbouncer.socket'] })) fail('PgBouncer is needed: install it (apt-get install pgbouncer)');
+    const units = ['pgbouncer.service', 'pgbouncer.socket'];
+    if (!(await aptInstall(['pgbouncer'], { noServices: true, units }))) fail('PgBouncer is needed: install it (apt-get install pgbouncer)');
     bin = which('pgbouncer') ?? '/usr/sbin/pgbouncer';
   }
   if (!existsSync(bin)) fail(`pgbouncer not found at ${bin}; install it (apt-get install pgbouncer) or set LEASEHOLD_TEST_PGBOUNCER`);
@@ -173,7 +223,7 @@ function findPgbouncer() {
 const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer').split(',').map((s) => s.trim()).filter(Boolean));
 if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
 if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
-if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = findEtcd();
-if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = findPgbouncer();
+if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = await findEtcd();
+if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = await findPgbouncer();
 writeFileSync(new URL('../.test-env.json', import.meta.url), `${JSON.stringify(found, null, 2)}\n`);
 log(Object.entries(found).map(([k, v]) => `${k}=${v}`).join(' '));
