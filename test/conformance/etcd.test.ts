@@ -1,7 +1,7 @@
 import { etcdBackend } from '../../src/etcd/index.js';
 import { startCluster } from '../fixtures/etcd-cluster.mjs';
 import { uniqueName } from '../helpers/env.js';
-import { backendConformance } from './backend.js';
+import { backendConformance } from '../../src/testing/index.js';
 
 // One etcd member of our own on free ports, killed in cleanup. Its timings (50 ms heartbeat,
 // 500 ms election) make the server's minimum lease 1 s, so the suite runs with 1 s ttls.

@@ -5,7 +5,7 @@ import { memoryFence } from '../../src/memory/index.js';
 import { postgresFence, type PgClient } from '../../src/postgres/index.js';
 import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
 import { PG_URL, tempDir, uniqueName } from '../helpers/env.js';
-import { fenceConformance } from './fence.js';
+import { fenceConformance } from '../../src/testing/index.js';
 
 fenceConformance<void>('memory', async () => {
   const counters = new Map<string, number>();

@@ -1,6 +1,6 @@
 import type { Backend } from '../../src/core/backend.js';
 import { memoryBackend } from '../../src/memory/index.js';
-import { backendConformance } from './backend.js';
+import { backendConformance } from '../../src/testing/index.js';
 
 /** Every client of one in-process coordinator: the same backend, whose close() is left to cleanup. */
 function shared(backend: Backend): () => Promise<Backend> {

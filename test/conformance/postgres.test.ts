@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { postgresBackend } from '../../src/postgres/index.js';
 import { PG_URL, uniqueName } from '../helpers/env.js';
-import { backendConformance } from './backend.js';
+import { backendConformance } from '../../src/testing/index.js';
 
 // The shared server is not restarted here (other tests use it); the PostgreSQL restart is covered
 // by test/postgres/failover.test.ts on a cluster of its own.

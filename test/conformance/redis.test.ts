@@ -4,8 +4,8 @@ import { createClient } from 'redis';
 import { redisBackend, redisFence, redlockBackend, type RedisMulti } from '../../src/redis/index.js';
 import { uniqueName } from '../helpers/env.js';
 import { deleteKeys, REDIS_URL, startRedis, stopAll } from '../redis/servers.js';
-import { backendConformance } from './backend.js';
-import { fenceConformance } from './fence.js';
+import { backendConformance } from '../../src/testing/index.js';
+import { fenceConformance } from '../../src/testing/index.js';
 
 afterAll(stopAll);
 

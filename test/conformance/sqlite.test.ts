@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { sqliteBackend } from '../../src/sqlite/index.js';
 import { tempDir } from '../helpers/env.js';
-import { backendConformance } from './backend.js';
+import { backendConformance } from '../../src/testing/index.js';
 
 backendConformance('sqlite', async () => {
   const dir = tempDir();

@@ -17,14 +17,5 @@ export function tempDir(prefix = 'leasehold-test-'): { path: string; cleanup: ()
   return { path, cleanup: () => rmSync(path, { recursive: true, force: true }) };
 }
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-/** Polls `check` until it returns true or `timeoutMs` passes; returns the last result. */
-export async function eventually(check: () => boolean | Promise<boolean>, timeoutMs = 5_000, stepMs = 10): Promise<boolean> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    if (await check()) return true;
-    if (Date.now() > end) return false;
-    await sleep(stepMs);
-  }
-}
+// The conformance suites' waiting helpers (src/testing/wait.ts), one definition for every test.
+export { eventually, sleep } from '../../src/testing/wait.js';

@@ -10,8 +10,8 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLocks, type Lease } from '../../src/index.js';
 import { postgresBackend, postgresFence, type PgClient } from '../../src/postgres/index.js';
-import { backendConformance } from '../conformance/backend.js';
-import { fenceConformance } from '../conformance/fence.js';
+import { backendConformance } from '../../src/testing/index.js';
+import { fenceConformance } from '../../src/testing/index.js';
 import { eventually, PG_URL, uniqueName } from '../helpers/env.js';
 import { alive, startBouncer, type Bouncer } from './bouncer.js';
 
@@ -81,6 +81,7 @@ fenceConformance<PgClient>('postgres behind pgbouncer (transaction mode)', async
   await pool.query(`CREATE TABLE ${schema}.items (seq bigserial PRIMARY KEY, resource text NOT NULL, value text NOT NULL)`);
   return {
     fence: postgresFence(pool, { schema, table: 'marks' }),
+    fenceWith: (options) => postgresFence(pool, { schema, table: 'marks', ...options }),
     async increment(tx, r) {
       const { rows } = await tx.query(`SELECT n FROM ${schema}.counters WHERE resource = $1`, [r]);
       await tx.query(`INSERT INTO ${schema}.counters (resource, n) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET n = EXCLUDED.n`, [r, ((rows[0]?.n as number | undefined) ?? 0) + 1]);
