@@ -9,8 +9,7 @@ import Database from 'better-sqlite3';
 import { StaleTokenError } from '../core/errors.js';
 import { onLoss, type Lease } from '../core/lease.js';
 import { createLocks } from '../index.js';
-import { sqliteFence } from '../sqlite/index.js';
-import type { SqliteDatabase } from '../sqlite/util.js';
+import { sqliteFence, type SqliteDatabase } from '../sqlite/index.js';
 import { GO_FD, type DocumentRow, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './demo-protocol.js';
 
 /** Reads the row; replaces it. Named beside the operation that runs them. */

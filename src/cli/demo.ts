@@ -1,5 +1,4 @@
-import { fork, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Writable } from 'node:stream';
@@ -7,12 +6,13 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import type { Locks } from '../core/locks.js';
 import { createLocks } from '../index.js';
-import { sqliteFence } from '../sqlite/index.js';
+import { sqliteFence, type SqliteDatabase } from '../sqlite/index.js';
 import { backendLoader, redact } from '../connect.js';
-import type { SqliteDatabase } from '../sqlite/util.js';
+import { formatDuration } from '../util/duration.js';
+import { ChildWorker, onStopSignals, signalExitCode, waitUntilStopped } from '../util/process.js';
+import { sleep } from '../util/sleep.js';
 import type { WorkerCommand, WorkerConfig, WorkerEvent, WorkerEventName, WorkerRole } from './demo-protocol.js';
-import { formatDuration } from './duration.js';
-import { CliExit, EXIT, signalExitCode, usageError } from './exit.js';
+import { CliExit, EXIT, usageError } from './exit.js';
 
 export interface DemoOptions {
   /** Lease ttl of both workers. @default 1000 */
@@ -117,13 +117,11 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
   const removeDir = (): void => {
     if (o.dir === undefined) rmSync(dir, { recursive: true, force: true });
   };
-  const onSignal = (signal: NodeJS.Signals): void => {
+  const offSignals = onStopSignals((signal) => {
     killAll();
     removeDir();
     process.exit(signalExitCode(signal));
-  };
-  const stopSignals: NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
-  for (const s of stopSignals) process.on(s, onSignal);
+  });
   process.on('exit', killAll);
 
   let data: Database.Database | undefined;
@@ -165,7 +163,7 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
     return EXIT.OK;
   } finally {
     killAll();
-    for (const s of stopSignals) process.off(s, onSignal);
+    offSignals();
     process.off('exit', killAll);
     await coordinator?.close().catch(() => {});
     data?.close();
@@ -236,7 +234,9 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
     // The GC pause: A is blocked right after its check; freeze it there, then queue its go-ahead,
     // which it reads the moment it runs again.
     a.signal('SIGSTOP');
-    await waitUntilStopped(a);
+    await waitUntilStopped(a).catch((error: Error) => {
+      throw new CliExit(EXIT.FAILURE, error.message);
+    });
     const frozenAt = performance.now();
     line('demo', `SIGSTOP A: frozen for ${formatDuration(o.pauseMs)} between its check and its write (ttl ${formatDuration(ttlMs)}${ttlMs === o.ttlMs ? '' : `, the coordinator's rounding of --ttl ${formatDuration(o.ttlMs)}`})`);
     a.go();
@@ -262,7 +262,7 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
     a.send({ cmd: 'finish' });
     b.send({ cmd: 'finish' });
     await Promise.all([a.expect(['finished'], STEP_TIMEOUT_MS, 'exit'), b.expect(['finished'], STEP_TIMEOUT_MS, 'exit')]);
-    await Promise.all([a.exited(STEP_TIMEOUT_MS), b.exited(STEP_TIMEOUT_MS)]);
+    await Promise.all([a.stop(STEP_TIMEOUT_MS), b.stop(STEP_TIMEOUT_MS)]);
   } finally {
     a.kill();
     b.kill();
@@ -338,64 +338,59 @@ function describeEvent(role: WorkerRole, e: WorkerEvent, tokens: Partial<Record<
 }
 
 /**
- * A worker process and its reports. `expect` waits for the next report of some kinds; a worker
- * that fails, exits or stays silent past the timeout makes it reject with a one-line reason.
+ * A demo worker process and its reports. `expect` waits for the next report of some kinds; a
+ * worker that fails, exits or stays silent past the timeout makes it reject with a one-line reason.
  */
 class Worker {
-  readonly #child: ChildProcess;
+  readonly #process: ChildWorker<WorkerCommand, WorkerEvent>;
   readonly #inbox: WorkerEvent[] = [];
-  readonly #wakers = new Set<() => void>();
-  #exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
 
   constructor(
     readonly role: WorkerRole,
     config: WorkerConfig,
     onEvent: (role: WorkerRole, e: WorkerEvent) => void,
   ) {
-    this.#child = fork(WORKER_PATH, [JSON.stringify(config)], {
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc', 'pipe'],
-      execArgv: [],
+    this.#process = new ChildWorker(WORKER_PATH, {
+      name: `worker ${role}`,
+      args: [JSON.stringify(config)],
+      stdout: 'inherit',
+      stderr: 'inherit',
+      pipe: true,
+      onMessage: (message) => {
+        onEvent(role, message);
+        this.#inbox.push(message);
+      },
     });
-    this.#child.on('message', (message: WorkerEvent) => {
-      onEvent(role, message);
-      this.#inbox.push(message);
-      this.#wake();
-    });
-    this.#child.on('exit', (code, signal) => {
-      this.#exit = { code, signal };
-      this.#wake();
-    });
-    this.#child.on('error', () => {
-      // A failed kill or send; a failed start ends in 'exit' too. Nothing to add here.
-    });
-    // The go pipe must not crash the demo if the worker is already gone.
-    this.#child.stdio[4]?.on('error', () => {});
+  }
+
+  get name(): string {
+    return this.#process.name;
   }
 
   get pid(): number | undefined {
-    return this.#child.pid;
-  }
-
-  get running(): boolean {
-    return this.#child.exitCode === null && this.#child.signalCode === null;
+    return this.#process.pid;
   }
 
   send(command: WorkerCommand): void {
-    if (this.running && this.#child.connected) this.#child.send(command);
+    this.#process.send(command);
   }
 
   /** Lets worker A, blocked after its check, go on to its write (it reads this once it runs). */
   go(): void {
-    (this.#child.stdio[4] as Writable | null)?.write('g');
+    this.#process.write('g');
   }
 
   signal(signal: NodeJS.Signals): void {
-    if (this.running) this.#child.kill(signal);
+    this.#process.signal(signal);
   }
 
-  /** SIGKILL works on a stopped process too. */
   kill(): void {
-    if (this.running) this.#child.kill('SIGKILL');
+    this.#process.kill();
+  }
+
+  /** Resolves once the process has exited; kills it if it has not within `timeoutMs`. */
+  stop(timeoutMs: number): Promise<void> {
+    return this.#process.stop(timeoutMs);
   }
 
   async expect<K extends WorkerEventName>(kinds: readonly K[], timeoutMs: number, what: string): Promise<Extract<WorkerEvent, { ev: K }>> {
@@ -404,73 +399,17 @@ class Worker {
       const i = this.#inbox.findIndex((e) => (kinds as readonly string[]).includes(e.ev));
       if (i >= 0) return this.#inbox.splice(i, 1)[0] as Extract<WorkerEvent, { ev: K }>;
       const failed = this.#inbox.find((e): e is Extract<WorkerEvent, { ev: 'failed' }> => e.ev === 'failed');
-      if (failed) throw new CliExit(EXIT.FAILURE, `worker ${this.role} failed while trying to ${what}: ${failed.message}`);
-      if (this.#exit) {
-        const how = this.#exit.signal ? `was killed by ${this.#exit.signal}` : `exited with code ${this.#exit.code}`;
-        throw new CliExit(EXIT.FAILURE, `worker ${this.role} ${how} while trying to ${what}`);
+      if (failed) throw new CliExit(EXIT.FAILURE, `${this.name} failed while trying to ${what}: ${failed.message}`);
+      const exit = this.#process.exit;
+      if (exit) {
+        const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`;
+        throw new CliExit(EXIT.FAILURE, `${this.name} ${how} while trying to ${what}`);
       }
       const left = deadline - performance.now();
-      if (left <= 0) throw new CliExit(EXIT.FAILURE, `worker ${this.role} did not ${what} within ${formatDuration(timeoutMs)}`);
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(done, left);
-        function done(): void {
-          clearTimeout(timer);
-          wakers.delete(done);
-          resolve();
-        }
-        const wakers = this.#wakers;
-        wakers.add(done);
-      });
+      if (left <= 0) throw new CliExit(EXIT.FAILURE, `${this.name} did not ${what} within ${formatDuration(timeoutMs)}`);
+      await this.#process.changed(left);
     }
   }
-
-  /** Resolves once the process has exited; kills it if it has not within `timeoutMs`. */
-  async exited(timeoutMs: number): Promise<void> {
-    const deadline = performance.now() + timeoutMs;
-    while (!this.#exit && performance.now() < deadline) {
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(done, deadline - performance.now());
-        const wakers = this.#wakers;
-        function done(): void {
-          clearTimeout(timer);
-          wakers.delete(done);
-          resolve();
-        }
-        wakers.add(done);
-      });
-    }
-    this.kill();
-  }
-
-  #wake(): void {
-    for (const wake of [...this.#wakers]) wake();
-  }
-}
-
-/**
- * Waits until the kernel reports the worker stopped (state T in /proc/PID/stat), so its go-ahead
- * byte cannot be read before the freeze. Without /proc (not Linux), waits a moment instead.
- * Shared with `leasehold verify`, whose pause nemesis freezes its workers the same way.
- */
-export async function waitUntilStopped(worker: { readonly pid: number | undefined; readonly role: string }): Promise<void> {
-  const deadline = performance.now() + 5_000;
-  for (;;) {
-    let state: string | undefined;
-    try {
-      const stat = readFileSync(`/proc/${worker.pid}/stat`, 'utf8');
-      state = stat.slice(stat.lastIndexOf(')') + 2).charAt(0);
-    } catch {
-      await sleep(50);
-      return;
-    }
-    if (state === 'T' || state === 't') return;
-    if (performance.now() > deadline) throw new CliExit(EXIT.FAILURE, `worker ${worker.role} did not stop after SIGSTOP (state ${state})`);
-    await sleep(1);
-  }
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
 }
 
 function print(out: Writable, lines: readonly string[]): void {

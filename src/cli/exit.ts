@@ -1,7 +1,7 @@
-import { constants } from 'node:os';
 import {
   AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseholdError,
 } from '../core/errors.js';
+import { SIGNAL_EXIT_BASE } from '../util/process.js';
 
 /**
  * Exit codes of the `leasehold` command. The 64–78 range follows BSD sysexits.h, which cron
@@ -24,13 +24,8 @@ export const EXIT = Object.freeze({
   /** COMMAND was not found. */
   NOT_FOUND: 127,
   /** A child killed by signal n makes the command exit with 128 + n, as in the shell. */
-  SIGNAL_BASE: 128,
+  SIGNAL_BASE: SIGNAL_EXIT_BASE,
 });
-
-/** The shell's exit status for a process killed by `signal` (128 + its number; SIGTERM → 143). */
-export function signalExitCode(signal: NodeJS.Signals): number {
-  return EXIT.SIGNAL_BASE + (constants.signals[signal] ?? 0);
-}
 
 /**
  * An expected way for the command to end: one line for stderr (without the `leasehold:` prefix)

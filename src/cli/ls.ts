@@ -1,6 +1,6 @@
 import type { KeyState } from '../core/backend.js';
 import { createLocks } from '../index.js';
-import { formatDuration } from './duration.js';
+import { formatDuration } from '../util/duration.js';
 import { shown } from './exit.js';
 
 export interface LsOptions {

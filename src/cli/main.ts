@@ -16,15 +16,14 @@ import { readFileSync } from 'node:fs';
 import { Command, CommanderError, InvalidArgumentError as CommanderArgumentError, Option } from 'commander';
 import { InvalidArgumentError } from '../core/errors.js';
 import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
+import { formatDuration, parseDuration } from '../util/duration.js';
+import { sleep } from '../util/sleep.js';
+import { MAX_SEED, NEMESES, STORE_KINDS, VERIFY_LIMITS, type NemesisKind, type StoreKind } from '../verify/index.js';
 import { runDemo } from './demo.js';
-import { formatDuration, parseDuration } from './duration.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
 import { listLeases } from './ls.js';
 import { runCommand } from './run.js';
-import { runVerify, VERIFY_LIMITS } from '../verify/harness.js';
-import { MAX_SEED } from '../verify/random.js';
-import { NEMESES, type NemesisKind } from '../verify/schedule.js';
-import { STORE_KINDS, type StoreKind } from '../verify/store.js';
+import { verifyCommand } from './verify.js';
 
 const USAGE = Object.freeze({
   program: 'leasehold <run|ls|demo|verify> [options]   (leasehold --help)',
@@ -191,7 +190,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
         if (url === undefined) throw usageError('--url is required (or set LEASEHOLD_URL): the coordinator to verify, e.g. --url local:redis or --url sqlite:./locks.db', USAGE.verify);
         if (fenceFlags.size > 1) throw usageError('--no-fence and --fence do not go together: the control run writes without any fence', USAGE.verify);
         if (opts.fence === false && opts.fenceUrl !== undefined) throw usageError('--no-fence and --fence-url do not go together', USAGE.verify);
-        return runVerify(
+        return verifyCommand(
           {
             url,
             fence: opts.fence === false ? undefined : opts.fence,
@@ -268,7 +267,7 @@ export async function main(argv: readonly string[]): Promise<number> {
 async function exit(code: number): Promise<never> {
   // Let a large `ls --json` reach a slow pipe, but never hang on a reader that is gone.
   if (process.stdout.writableNeedDrain && !process.stdout.destroyed) {
-    await Promise.race([once(process.stdout, 'drain').catch(() => {}), new Promise((r) => setTimeout(r, 5_000).unref())]);
+    await Promise.race([once(process.stdout, 'drain').catch(() => {}), sleep(5_000, { ref: false })]);
   }
   process.exit(code);
 }

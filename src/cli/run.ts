@@ -4,8 +4,9 @@ import { onLoss, type Lease } from '../core/lease.js';
 import type { Locks } from '../core/locks.js';
 import type { LockMode } from '../core/validate.js';
 import { createLocks } from '../index.js';
-import { formatDuration } from './duration.js';
-import { CliExit, EXIT, oneLine, shown, signalExitCode } from './exit.js';
+import { formatDuration } from '../util/duration.js';
+import { signalExitCode } from '../util/process.js';
+import { CliExit, EXIT, oneLine, shown } from './exit.js';
 
 /** Signals that `leasehold run` passes on to COMMAND instead of dying of them. */
 export const FORWARDED_SIGNALS: readonly NodeJS.Signals[] = Object.freeze(['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2']);

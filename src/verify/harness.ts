@@ -4,12 +4,13 @@
  * them, delays their requests, crashes the coordinator and skews their clocks on a seeded
  * schedule; the checker then reads the recorded history and the resource's final state.
  *
- * Resolves with the exit code: 0 only when every check passed, 1 otherwise. Rejects with `CliExit`
- * for bad arguments (64), a coordinator or store that cannot be reached or started (69), and
- * internal failures. Everything it starts (workers, servers, proxies, temporary files) is stopped
- * and removed on every way out, including SIGINT/SIGTERM/SIGHUP; only `--report DIR` stays.
+ * Resolves with the verdict ({@link VerifyResult}: `passed` only when every check passed and the
+ * run had no problem). Rejects with a {@link VerifyError} saying why there is no verdict: bad
+ * options, a coordinator or store that cannot be reached or started, workers that did not start;
+ * anything else is a bug. Everything it starts (workers, servers, proxies, temporary files) is
+ * stopped and removed on every way out; on SIGINT, SIGTERM or SIGHUP it cleans up and the process
+ * ends as if killed by that signal (status 128 + n). Only `--report DIR` stays.
  */
-import { fork, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,179 +20,51 @@ import { fileURLToPath } from 'node:url';
 import { backendLoader, redact } from '../connect.js';
 import type { Backend } from '../core/backend.js';
 import { DEFAULTS } from '../core/locks.js';
-import { BackendUnavailableError, InvalidArgumentError } from '../core/errors.js';
-import { formatDuration } from '../cli/duration.js';
-import { CliExit, EXIT, signalExitCode, usageError } from '../cli/exit.js';
-import { check } from './checker.js';
+import { BackendUnavailableError } from '../core/errors.js';
+import { formatDuration } from '../util/duration.js';
+import { ChildWorker, onStopSignals, signalExitCode } from '../util/process.js';
+import { sleep } from '../util/sleep.js';
+import { check, type CheckResult, type Stats } from './checker.js';
 import { tcpEndpoints, viaPorts } from './endpoints.js';
-import { LOCAL_KINDS, LocalServerError, startLocal, type LocalKind, type LocalServer } from './local.js';
+import { VerifyError } from './errors.js';
+import { LocalServerError, startLocal, type LocalServer } from './local.js';
 import { Nemesis, type Target } from './nemesis.js';
+import { plan, type VerifyOptions } from './plan.js';
 import { MUTANT_ENV, MUTANTS, runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
-import { formatSummary, prepareReportDir, writeReport } from './report.js';
+import { formatSummary, writeReport } from './report.js';
 import { describeSchedule, NEMESES, planSchedule, type NemesisKind } from './schedule.js';
-import { openAdminStore, STORE_KINDS, type AdminStore, type FinalState, type StoreConfig, type StoreKind } from './store.js';
-
-export interface VerifyOptions {
-  /** The coordinator: a backend URL, or `local:redis|postgres|etcd|redlock|sqlite` for one verify starts (and can crash). */
-  url: string;
-  /** Where the protected resource lives. @default the coordinator's technology when it has a fence (sqlite, postgres, redis), else sqlite */
-  fence?: StoreKind | undefined;
-  /** The resource's server for `fence` postgres or redis. @default the coordinator's URL when it is of that kind */
-  fenceUrl?: string | undefined;
-  /** @default 3 */
-  workers: number;
-  /** @default 30000 */
-  durationMs: number;
-  /** @default 1000 */
-  ttlMs: number;
-  /** Time inside the critical section before the write. @default ttl / 5 */
-  workMs?: number | undefined;
-  /** @default random (printed) */
-  seed?: number | undefined;
-  /** Requested nemeses. @default all four */
-  nemeses: readonly NemesisKind[];
-  /** false: the control run (`--no-fence`). @default true */
-  fenced: boolean;
-  reportDir?: string | undefined;
-}
-
-/** Limits, each with its reason. */
-export const VERIFY_LIMITS = Object.freeze({
-  /** Below 100 ms, IPC and process scheduling on a busy machine eat the lease before any fault lands. */
-  minTtlMs: 100,
-  /** At least one operation per worker and a fault: 1 s. */
-  minDurationMs: 1_000,
-  maxWorkers: 64,
-});
+import { openAdminStore, type AdminStore, type FinalState, type StoreConfig } from './store.js';
 
 const WORKER_PATH = fileURLToPath(new URL('./worker.js', import.meta.url));
 /** Generous bounds for a loaded 2-core machine; only a broken run waits this long. */
 const STARTUP_TIMEOUT_MS = 30_000;
 const STOP_TIMEOUT_MS = 20_000;
 
-/** What the coordinator URL is. */
-interface CoordinatorKind {
-  tech: 'sqlite' | 'postgres' | 'redis' | 'redlock' | 'etcd';
-  local: LocalKind | undefined;
+/** The verdict of a run (what was printed, as data). */
+export interface VerifyResult {
+  /** Every check passed and nothing went wrong with the run itself. */
+  passed: boolean;
+  runId: string;
+  /** The seed of the fault schedule (`--seed` repeats the run). */
+  seed: number;
+  checks: CheckResult[];
+  stats: Stats;
+  /** What went wrong with the run itself (a worker died, nothing was accepted…); empty when nothing did. */
+  problems: string[];
+  /** The files written into `reportDir`, when one was given. */
+  report: { history: string; timeline: string } | undefined;
 }
 
-function coordinatorKind(url: string, usage: string): CoordinatorKind {
-  const local = /^local:(.*)$/i.exec(url);
-  if (local) {
-    const kind = local[1]!.toLowerCase() as LocalKind;
-    if (!LOCAL_KINDS.includes(kind)) throw usageError(`--url local:${local[1]} is not one verify can start; use local:${LOCAL_KINDS.join(', local:')}`, usage);
-    return { tech: kind, local: kind };
-  }
-  if (/^memory:/i.test(url)) throw usageError('--url memory: lives in one process; verify\'s workers are separate processes (use sqlite:PATH, redis://, postgres://, etcd:// or local:KIND)', usage);
-  try {
-    backendLoader(url);
-  } catch (error) {
-    if (error instanceof InvalidArgumentError) throw usageError(error.message.replace(/^invalid url: /, '--url: '), usage);
-    throw error;
-  }
-  const scheme = /^([a-z]+)/i.exec(url)![1]!.toLowerCase();
-  const tech = scheme === 'postgresql' ? 'postgres' : scheme === 'rediss' ? 'redis' : scheme;
-  return { tech: tech as CoordinatorKind['tech'], local: undefined };
+/** A worker process of the run, numbered from 1. */
+interface Worker extends Target {
+  readonly process: ChildWorker<WorkerCommand, WorkerEvent>;
 }
 
-interface Plan {
-  coordinator: CoordinatorKind;
-  fence: StoreKind;
-  /** How to reach the resource's store: a URL, or 'local' (a local server of its own, or the coordinator's). */
-  fenceUrl: string | undefined;
-}
-
-function plan(o: VerifyOptions, usage: string): Plan {
-  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > VERIFY_LIMITS.maxWorkers) throw usageError(`--workers must be an integer from 1 to ${VERIFY_LIMITS.maxWorkers}, got ${o.workers}`, usage);
-  if (o.ttlMs < VERIFY_LIMITS.minTtlMs) throw usageError(`--ttl must be at least ${formatDuration(VERIFY_LIMITS.minTtlMs)}, got ${formatDuration(o.ttlMs)}`, usage);
-  if (o.durationMs < VERIFY_LIMITS.minDurationMs) throw usageError(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`, usage);
-  if (o.durationMs < 2 * o.ttlMs) throw usageError(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`, usage);
-  if (o.workMs !== undefined && o.workMs >= o.ttlMs) throw usageError(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`, usage);
-  const coordinator = coordinatorKind(o.url, usage);
-  const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
-  if (!STORE_KINDS.includes(fence)) throw usageError(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`, usage);
-  let fenceUrl = o.fenceUrl;
-  if (fence === 'sqlite') {
-    if (fenceUrl !== undefined) throw usageError('--fence-url is for --fence postgres or redis; the SQLite resource is a file verify creates', usage);
-  } else if (fenceUrl !== undefined) {
-    const ok = fence === 'postgres' ? /^postgres(ql)?:\/\//i.test(fenceUrl) : /^rediss?:\/\//i.test(fenceUrl);
-    if (!ok) throw usageError(`--fence-url must be a ${fence === 'postgres' ? 'postgres://' : 'redis://'} URL for --fence ${fence}, got ${JSON.stringify(redact(fenceUrl))}`, usage);
-  } else if (coordinator.tech === fence) {
-    fenceUrl = coordinator.local ? undefined : o.url;
-  } else {
-    throw usageError(`--fence ${fence} needs --fence-url (a ${fence} server for the resource): the coordinator is not ${fence}`, usage);
-  }
-  // Last: a run refused for another bad argument leaves no directory behind.
-  if (o.reportDir !== undefined) {
-    try {
-      prepareReportDir(resolve(o.reportDir));
-    } catch (error) {
-      throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
-    }
-  }
-  return { coordinator, fence, fenceUrl };
-}
-
-/** A worker process and its lifecycle. */
-class WorkerProcess implements Target {
-  readonly index: number;
-  readonly role: string;
-  readonly #child: ChildProcess;
-  #stderr = '';
-  exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
-  readonly exited: Promise<void>;
-
-  constructor(config: WorkerConfig, onEvent: (e: WorkerEvent) => void, onExit: (w: WorkerProcess) => void) {
-    this.index = config.index;
-    this.role = `w${config.index}`;
-    this.#child = fork(WORKER_PATH, [JSON.stringify(config)], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'], execArgv: [] });
-    this.#child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      this.#stderr = (this.#stderr + d).slice(-2_000);
-    });
-    this.#child.on('message', (e: WorkerEvent) => onEvent(e));
-    this.#child.on('error', () => {});
-    this.exited = new Promise((resolve) => {
-      this.#child.on('exit', (code, signal) => {
-        this.exit = { code, signal };
-        onExit(this);
-        resolve();
-      });
-    });
-  }
-
-  get pid(): number | undefined {
-    return this.#child.pid;
-  }
-
-  get running(): boolean {
-    return this.#child.exitCode === null && this.#child.signalCode === null;
-  }
-
-  get stderr(): string {
-    return this.#stderr.trim();
-  }
-
-  signal(signal: NodeJS.Signals): void {
-    if (this.running) this.#child.kill(signal);
-  }
-
-  send(command: WorkerCommand): void {
-    if (this.running && this.#child.connected) this.#child.send(command);
-  }
-
-  /** SIGCONT first: a frozen process cannot die of SIGKILL until it runs. */
-  kill(): void {
-    if (!this.running) return;
-    this.#child.kill('SIGCONT');
-    this.#child.kill('SIGKILL');
-  }
-}
-
-export async function runVerify(o: VerifyOptions, out: Writable, usage: string): Promise<number> {
-  const p = plan(o, usage);
-  if (!existsSync(WORKER_PATH)) throw new CliExit(EXIT.SOFTWARE, `verify worker not found at ${WORKER_PATH} (run npm run build)`);
+export async function runVerify(o: VerifyOptions, out: Writable): Promise<VerifyResult> {
+  const p = plan(o);
+  if (!existsSync(WORKER_PATH)) throw new VerifyError('internal', `verify worker not found at ${WORKER_PATH} (run npm run build)`);
   const seed = o.seed ?? randomSeed();
   const runId = randomBytes(4).toString('hex');
   const key = `leasehold-verify/${runId}/lock`;
@@ -205,7 +78,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
   let origin: bigint | undefined;
   const now = (): number => (origin === undefined ? 0 : runTime(origin));
   const events: HistoryEvent[] = [];
-  const workers: WorkerProcess[] = [];
+  const workers: Worker[] = [];
   const servers: LocalServer[] = [];
   const proxies = new Map<number, DelayProxy[]>();
   let admin: AdminStore | undefined;
@@ -217,7 +90,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
   const cleanup = (): Promise<void> =>
     (cleaned ??= (async () => {
       if (progress) clearInterval(progress);
-      for (const w of workers) w.kill();
+      for (const w of workers) w.process.kill();
       if (admin) {
         // What the run wrote into a user's store is deleted; a store verify started goes with its directory.
         if (!storeIsLocal) await admin.cleanup(resource).catch(() => {});
@@ -226,25 +99,23 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       // Servers before the nemesis: healing on its way out must not restart a coordinator being stopped.
       await Promise.all(servers.map((s) => s.stop().catch(() => {})));
       await nemesis?.stop().catch(() => {});
-      await Promise.all(workers.map((w) => w.exited));
+      await Promise.all(workers.map((w) => w.process.exited));
       for (const list of proxies.values()) await Promise.all(list.map((x) => x.close()));
       rmSync(dir, { recursive: true, force: true });
     })());
   // Last resort if verify dies of an internal error before its cleanup: the run directory goes anyway.
   const removeDir = (): void => rmSync(dir, { recursive: true, force: true });
   process.once('exit', removeDir);
-  const onSignal = (signal: NodeJS.Signals): void => {
+  const offSignals = onStopSignals((signal) => {
     void cleanup().finally(() => process.exit(signalExitCode(signal)));
-  };
-  const stopSignals: NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
-  for (const s of stopSignals) process.on(s, onSignal);
+  });
 
   try {
     // The coordinator, and the resource's store.
     let coordinatorUrl = o.url;
     let coordinator: LocalServer | undefined;
-    const unavailable = (what: string, error: unknown): CliExit =>
-      new CliExit(EXIT.UNAVAILABLE, `${what}: ${error instanceof Error ? error.message : String(error)}`);
+    const unavailable = (what: string, error: unknown): VerifyError =>
+      new VerifyError('unavailable', `${what}: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
     if (p.coordinator.local) {
       if (p.coordinator.local === 'postgres') chmodSync(dir, 0o711); // the postgres OS user must reach its cluster directory
       try {
@@ -361,12 +232,13 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
       if (e.type === 'granted') [...grantWaiters].some((take) => take(e.w));
       if (e.type === 'failed') failures.push(`w${e.w} failed: ${e.error}`);
     };
-    const onExit = (w: WorkerProcess): void => {
-      const how = w.exit?.signal ?? `code ${w.exit?.code}`;
-      record({ type: 'exit', t: now(), w: w.index, code: w.exit?.code ?? null, signal: w.exit?.signal ?? null });
-      const said = w.stderr ? `: ${w.stderr.split('\n').at(-1)}` : '';
-      if (!stopping) failures.push(`w${w.index} (pid ${w.pid}) exited during the run (${how})${said}`);
-      else if (w.exit?.code !== 0 && w.exit?.signal !== 'SIGKILL') failures.push(`w${w.index} (pid ${w.pid}) exited with ${how} while stopping${said}`);
+    const onExit = (w: Worker): void => {
+      const { exit, pid, stderr } = w.process;
+      const how = exit?.signal ?? `code ${exit?.code}`;
+      record({ type: 'exit', t: now(), w: w.index, code: exit?.code ?? null, signal: exit?.signal ?? null });
+      const said = stderr ? `: ${stderr.split('\n').at(-1)}` : '';
+      if (!stopping) failures.push(`w${w.index} (pid ${pid}) exited during the run (${how})${said}`);
+      else if (exit?.code !== 0 && exit?.signal !== 'SIGKILL') failures.push(`w${w.index} (pid ${pid}) exited with ${how} while stopping${said}`);
     };
     for (let w = 1; w <= o.workers; w++) {
       const urls = urlsFor(w);
@@ -384,12 +256,23 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
         clock: { offsetMs: (seed % 1_000 + w) * 86_400_000 * (w % 2 === 0 ? 1 : -1), rate: 1 },
         driftFactor: DEFAULTS.driftFactor,
       };
-      workers.push(new WorkerProcess(config, onEvent, onExit));
+      const worker: Worker = {
+        index: w,
+        process: new ChildWorker(WORKER_PATH, {
+          name: `worker w${w}`,
+          args: [JSON.stringify(config)],
+          stdout: 'ignore',
+          stderr: 'keep',
+          onMessage: onEvent,
+          onExit: () => onExit(worker),
+        }),
+      };
+      workers.push(worker);
     }
     const readyBy = performance.now() + STARTUP_TIMEOUT_MS;
     while (events.filter((e) => e.type === 'ready').length < o.workers) {
-      if (failures.length > 0) throw new CliExit(EXIT.FAILURE, `a worker did not start: ${failures[0]}`);
-      if (performance.now() > readyBy) throw new CliExit(EXIT.FAILURE, `workers did not start within ${formatDuration(STARTUP_TIMEOUT_MS)}`);
+      if (failures.length > 0) throw new VerifyError('failed', `a worker did not start: ${failures[0]}`);
+      if (performance.now() > readyBy) throw new VerifyError('failed', `workers did not start within ${formatDuration(STARTUP_TIMEOUT_MS)}`);
       await sleep(20);
     }
 
@@ -428,7 +311,7 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     );
     origin = process.hrtime.bigint();
     harness({ type: 'start' });
-    for (const w of workers) w.send({ cmd: 'start', originNs: origin.toString() });
+    for (const w of workers) w.process.send({ cmd: 'start', originNs: origin.toString() });
     nemesis.start();
     const every = Math.max(1_000, Math.round(o.durationMs / 15 / 1_000) * 1_000);
     progress = setInterval(() => {
@@ -442,16 +325,16 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     await nemesis.stop();
     stopping = true;
     harness({ type: 'stop' });
-    for (const w of workers) w.send({ cmd: 'stop' });
+    for (const w of workers) w.process.send({ cmd: 'stop' });
     const stopTimeout = Math.max(STOP_TIMEOUT_MS, 2 * storeTimeoutMs);
-    await Promise.race([Promise.all(workers.map((w) => w.exited)), sleep(stopTimeout)]);
+    await Promise.race([Promise.all(workers.map((w) => w.process.exited)), sleep(stopTimeout)]);
     for (const w of workers) {
-      if (w.running) {
+      if (w.process.running) {
         failures.push(`w${w.index} did not stop within ${formatDuration(stopTimeout)}; killed`);
-        w.kill();
+        w.process.kill();
       }
     }
-    await Promise.all(workers.map((w) => w.exited));
+    await Promise.all(workers.map((w) => w.process.exited));
     const endMs = now();
 
     // Check.
@@ -464,8 +347,8 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
     const { checks, stats, flagged } = check({ events, final, fenced: o.fenced, driftFactor: DEFAULTS.driftFactor, coordinatorDurable: coordinator?.durable ?? true });
     if (stats.accepted === 0) failures.push('no write was accepted: the run proves nothing (is the coordinator reachable? try a longer --duration)');
     print(...formatSummary({ stats, checks, nemeses, runProblems: failures }));
+    let files: { history: string; timeline: string } | undefined;
     if (o.reportDir !== undefined) {
-      let files: { history: string; timeline: string };
       try {
         files = writeReport({
           dir: resolve(o.reportDir),
@@ -484,19 +367,16 @@ export async function runVerify(o: VerifyOptions, out: Writable, usage: string):
         });
       } catch (error) {
         // Checked before the run (plan), so only a directory changed or a disk filled meanwhile gets here.
-        throw usageError(`cannot use --report ${o.reportDir}: ${(error as Error).message}`, usage);
+        throw new VerifyError('usage', `cannot use --report ${o.reportDir}: ${(error as Error).message}`, { cause: error });
       }
       print(`report: ${files.timeline}`, `        ${files.history}`);
     }
     const passed = checks.every((c) => c.verdict === 'pass') && failures.length === 0;
-    return passed ? EXIT.OK : EXIT.FAILURE;
+    return { passed, runId, seed, checks, stats, problems: failures, report: files };
   } finally {
-    for (const s of stopSignals) process.off(s, onSignal);
+    offSignals();
     await cleanup();
     process.off('exit', removeDir);
   }
 }
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}

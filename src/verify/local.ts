@@ -22,6 +22,7 @@ import { chownSync, existsSync, mkdirSync, openSync, closeSync, readdirSync, rea
 import net from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { sleep } from '../util/sleep.js';
 
 export const LOCAL_KINDS = Object.freeze(['sqlite', 'redis', 'postgres', 'etcd', 'redlock'] as const);
 export type LocalKind = (typeof LOCAL_KINDS)[number];
@@ -126,7 +127,7 @@ async function until(what: string, check: () => Promise<boolean>, child?: ChildP
       throw new LocalServerError(`${what} exited (${child.exitCode ?? child.signalCode})${log}`);
     }
     if (performance.now() > deadline) throw new LocalServerError(`${what} did not answer within ${START_TIMEOUT_MS / 1000} s`);
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
   }
 }
 

@@ -14,21 +14,18 @@
  * kind); faults of different kinds overlap freely. `stop()` heals at once whatever is running
  * (SIGCONT, deliver, restart, rate 1) and cancels the rest.
  */
-import { waitUntilStopped } from '../cli/demo.js';
-import { formatDuration } from '../cli/duration.js';
+import { formatDuration } from '../util/duration.js';
+import { waitUntilStopped, type ChildWorker } from '../util/process.js';
+import { sleep } from '../util/sleep.js';
 import type { LocalServer } from './local.js';
 import type { HarnessEvent, Unstamped, WorkerCommand } from './protocol.js';
 import type { DelayProxy } from './proxy.js';
 import type { NemesisKind, PlannedFault } from './schedule.js';
 
-/** What the nemesis needs from a worker process. */
+/** What the nemesis needs from a worker: its number and its process. */
 export interface Target {
   readonly index: number;
-  readonly pid: number | undefined;
-  readonly role: string;
-  readonly running: boolean;
-  signal(signal: NodeJS.Signals): void;
-  send(command: WorkerCommand): void;
+  readonly process: Pick<ChildWorker<WorkerCommand, unknown>, 'pid' | 'name' | 'running' | 'signal' | 'send'>;
 }
 
 export interface NemesisContext {
@@ -105,24 +102,25 @@ export class Nemesis {
   /** The next holder to hit: waits up to 3 ttl for a grant. */
   async #holder(kind: NemesisKind): Promise<Target | undefined> {
     const w = await this.#ctx.nextGrant(3 * this.#ctx.ttlMs, this.#busy, this.#abort.signal);
-    const target = w === undefined ? undefined : this.#ctx.workers.find((x) => x.index === w && x.running);
+    const target = w === undefined ? undefined : this.#ctx.workers.find((x) => x.index === w && x.process.running);
     if (!target && !this.#abort.signal.aborted) this.#ctx.record({ type: 'skipped', kind, why: `no worker was granted the lease within ${formatDuration(3 * this.#ctx.ttlMs)}` });
     return this.#abort.signal.aborted ? undefined : target;
   }
 
   async #pause(fault: PlannedFault): Promise<void> {
     const target = await this.#holder('pause');
-    if (!target || target.pid === undefined) return;
+    const pid = target?.process.pid;
+    if (!target || pid === undefined) return;
     this.#busy.add(target.index);
     try {
-      target.signal('SIGSTOP');
-      this.#ctx.record({ type: 'pause', w: target.index, pid: target.pid, plannedMs: fault.durationMs });
-      this.#ctx.say(`pause   w${target.index} (pid ${target.pid}) SIGSTOP for ${formatDuration(fault.durationMs)}, holding the lease (ttl ${formatDuration(this.#ctx.ttlMs)})`);
-      await waitUntilStopped(target).catch(() => {});
+      target.process.signal('SIGSTOP');
+      this.#ctx.record({ type: 'pause', w: target.index, pid, plannedMs: fault.durationMs });
+      this.#ctx.say(`pause   w${target.index} (pid ${pid}) SIGSTOP for ${formatDuration(fault.durationMs)}, holding the lease (ttl ${formatDuration(this.#ctx.ttlMs)})`);
+      await waitUntilStopped(target.process).catch(() => {});
       await this.#sleep(fault.durationMs);
     } finally {
-      target.signal('SIGCONT');
-      this.#ctx.record({ type: 'resume', w: target.index, pid: target.pid });
+      target.process.signal('SIGCONT');
+      this.#ctx.record({ type: 'resume', w: target.index, pid });
       this.#busy.delete(target.index);
     }
   }
@@ -179,30 +177,20 @@ export class Nemesis {
 
   async #clock(fault: PlannedFault): Promise<void> {
     const target = this.#ctx.workers.find((w) => w.index === fault.worker! + 1);
-    if (!target?.running) return;
-    target.send({ cmd: 'clock', rate: fault.rate! });
+    if (!target?.process.running) return;
+    target.process.send({ cmd: 'clock', rate: fault.rate! });
     this.#ctx.record({ type: 'clock-set', w: target.index, rate: fault.rate! });
     this.#ctx.say(`clock   w${target.index} runs at ×${fault.rate} for ${formatDuration(fault.durationMs)}`);
     try {
       await this.#sleep(fault.durationMs);
     } finally {
-      target.send({ cmd: 'clock', rate: 1 });
+      target.process.send({ cmd: 'clock', rate: 1 });
       this.#ctx.record({ type: 'clock-set', w: target.index, rate: 1, restore: true });
     }
   }
 
   /** Sleeps, but returns at once when the nemesis is stopped (the caller then heals). */
   #sleep(ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      if (this.#abort.signal.aborted) return resolve();
-      const timer = setTimeout(done, ms);
-      const signal = this.#abort.signal;
-      function done(): void {
-        clearTimeout(timer);
-        signal.removeEventListener('abort', done);
-        resolve();
-      }
-      signal.addEventListener('abort', done);
-    });
+    return sleep(ms, { signal: this.#abort.signal });
   }
 }

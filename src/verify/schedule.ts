@@ -1,4 +1,4 @@
-import { formatDuration } from '../cli/duration.js';
+import { formatDuration } from '../util/duration.js';
 import { hash32, mulberry32, uniform } from './random.js';
 
 /** The faults `leasehold verify` can inject, in the order they are listed and reported. */

@@ -24,6 +24,7 @@ import { Locks } from '../core/locks.js';
 import { adjustableClock } from './clock.js';
 import { MUTANT_ENV, runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
 import { openWorkerStore } from './store.js';
+import { sleep } from '../util/sleep.js';
 
 /** Period of the event-loop monitor. */
 const MONITOR_MS = 10;
@@ -126,8 +127,6 @@ async function main(): Promise<void> {
   // One event per renewal round trip (a session's names its oldest lease): whichever it names, the
   // current lease's validity may have moved, and reportValidity reads it from the lease itself.
   locks.on('renewed', () => reportValidity());
-
-  const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
   const loop = async (): Promise<void> => {
     for (let n = 1; !stop.signal.aborted; n++) {
