@@ -1,6 +1,5 @@
 import pg from 'pg';
-import { postgresFence } from '../postgres/fence.js';
-import { createOnce, withTransaction, type PgClient, type PgPool } from '../postgres/util.js';
+import { postgresFence, type PgClient, type PgPool } from '../postgres/index.js';
 import { STORE_NAMES, bounded, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
 
 const { counters, log, fences } = STORE_NAMES;
@@ -36,6 +35,56 @@ function pool(config: StoreConfig, max: number): pg.Pool {
   return p;
 }
 
+/**
+ * BEGIN, `fn(client)`, COMMIT on one pooled client; ROLLBACK and rethrow on error. A client whose
+ * connection broke while it was out (an 'error' event, which would otherwise crash the process, or
+ * a failed ROLLBACK) is destroyed rather than returned to the pool.
+ */
+async function transaction<T>(p: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await p.connect();
+  let broken: Error | undefined;
+  const onError = (error: Error): void => {
+    broken = error;
+  };
+  client.on('error', onError);
+  try {
+    await client.query('BEGIN');
+    const result = await fn(client);
+    await client.query('COMMIT');
+    return result;
+  } catch (error) {
+    await client.query('ROLLBACK').catch((e: Error) => {
+      broken = e;
+    });
+    throw error;
+  } finally {
+    client.removeListener('error', onError);
+    client.release(broken);
+  }
+}
+
+/** Catalog races with another process creating the same objects (a unique violation, a duplicate table): trying again succeeds. */
+const DDL_RACES = new Set(['23505', '42P07']);
+
+/**
+ * Creates the store's tables once, under a transaction-scoped advisory lock so that concurrent runs
+ * do not race in the catalog; a race with anything else creating them is tried again (3 attempts).
+ */
+async function createTables(p: pg.Pool, lockName: string, statements: readonly string[]): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await transaction(p, async (client) => {
+        await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [lockName]);
+        for (const sql of statements) await client.query(sql);
+      });
+      return;
+    } catch (error) {
+      const code = (error as { code?: unknown } | null)?.code;
+      if (attempt >= 3 || typeof code !== 'string' || !DDL_RACES.has(code)) throw error;
+    }
+  }
+}
+
 async function readCounter(q: PgPool | PgClient, resource: string): Promise<number> {
   const { rows } = await q.query(SQL.readCounter, [resource]);
   return rows.length === 0 ? 0 : Number(rows[0]!.value);
@@ -54,7 +103,7 @@ export function postgresWorkerStore(config: StoreConfig): WorkerStore {
       }),
     read: (resource) => readCounter(p as unknown as PgPool, resource),
     async plainWrite(resource, value, row) {
-      await withTransaction(p as unknown as PgPool, async (client) => {
+      await transaction(p, async (client) => {
         await client.query(SQL.writeCounter, [resource, value]);
         await client.query(SQL.append, [resource, row.token.toString(), row.w, row.op, value]);
       });
@@ -67,7 +116,7 @@ export function postgresAdminStore(config: StoreConfig): AdminStore {
   const p = pool(config, 2);
   const q = p as unknown as PgPool;
   let created: Promise<void> | undefined;
-  const ensure = (): Promise<void> => (created ??= createOnce(q, `leasehold:${log}`, [SQL.createCounters, SQL.createLog, SQL.createLogIndex]));
+  const ensure = (): Promise<void> => (created ??= createTables(p, `leasehold:${log}`, [SQL.createCounters, SQL.createLog, SQL.createLogIndex]));
   return {
     setup: async (resource) => {
       await ensure();

@@ -1,6 +1,5 @@
 import { Redis } from 'ioredis';
-import { CLIENT_DEFAULTS } from '../redis/client.js';
-import { redisFence } from '../redis/fence.js';
+import { CLIENT_DEFAULTS, redisFence } from '../redis/index.js';
 import { STORE_NAMES, bounded, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
 
 const PREFIX = STORE_NAMES.redisPrefix;

@@ -1,6 +1,7 @@
 import Database from 'better-sqlite3';
-import { sqliteFence } from '../sqlite/fence.js';
-import { retryBusy, type SqliteDatabase } from '../sqlite/util.js';
+import { BackendUnavailableError } from '../core/errors.js';
+import { sqliteFence, type SqliteDatabase } from '../sqlite/index.js';
+import { sleep } from '../util/sleep.js';
 import { STORE_NAMES, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
 
 const { counters, log, fences } = STORE_NAMES;
@@ -24,6 +25,34 @@ const SQL = Object.freeze({
 
 /** Short busy timeout: a busy database is retried asynchronously (retryBusy), so timers keep running. */
 const BUSY_TIMEOUT_MS = 20;
+
+/** How long a read or plain write is retried while another worker holds the database. */
+const BUSY_BUDGET_MS = 5_000;
+
+function isBusy(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return code === 'SQLITE_BUSY' || code === 'SQLITE_BUSY_SNAPSHOT' || code === 'SQLITE_LOCKED' || code === 'SQLITE_BUSY_TIMEOUT';
+}
+
+/**
+ * Runs a synchronous statement, retrying after a short random wait while the database is busy (the
+ * fence retries its own writes the same way), so the event loop and the worker's timers keep
+ * running. Gives up after {@link BUSY_BUDGET_MS}.
+ */
+async function retryBusy<T>(what: string, op: () => T): Promise<T> {
+  const start = performance.now();
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return op();
+    } catch (error) {
+      if (!isBusy(error)) throw error;
+      if (performance.now() - start > BUSY_BUDGET_MS) {
+        throw new BackendUnavailableError('sqlite', `${what}: database stayed locked for ${BUSY_BUDGET_MS} ms`, { cause: error });
+      }
+      await sleep(Math.random() * Math.min(50, 2 ** attempt));
+    }
+  }
+}
 
 function open(config: StoreConfig): Database.Database {
   const db = new Database(config.location, { timeout: BUSY_TIMEOUT_MS });
