@@ -35,7 +35,8 @@ import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
 import { formatSummary, writeReport } from './report.js';
 import { describeSchedule, NEMESES, planSchedule, type NemesisKind } from './schedule.js';
-import { openAdminStore, type AdminStore, type FinalState, type StoreConfig } from './store.js';
+import { openAdminStore } from './open-store.js';
+import type { AdminStore, FinalState, StoreConfig } from './store.js';
 
 const WORKER_PATH = fileURLToPath(new URL('./worker.js', import.meta.url));
 /** Generous bounds for a loaded 2-core machine; only a broken run waits this long. */

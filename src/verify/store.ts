@@ -73,28 +73,6 @@ export interface AdminStore {
   close(): Promise<void>;
 }
 
-export async function openWorkerStore(config: StoreConfig): Promise<WorkerStore> {
-  switch (config.kind) {
-    case 'sqlite':
-      return (await import('./store-sqlite.js')).sqliteWorkerStore(config);
-    case 'postgres':
-      return (await import('./store-postgres.js')).postgresWorkerStore(config);
-    case 'redis':
-      return (await import('./store-redis.js')).redisWorkerStore(config);
-  }
-}
-
-export async function openAdminStore(config: StoreConfig): Promise<AdminStore> {
-  switch (config.kind) {
-    case 'sqlite':
-      return (await import('./store-sqlite.js')).sqliteAdminStore(config);
-    case 'postgres':
-      return (await import('./store-postgres.js')).postgresAdminStore(config);
-    case 'redis':
-      return (await import('./store-redis.js')).redisAdminStore(config);
-  }
-}
-
 /** Bounds a store call: past `ms` it rejects (the call itself may still complete: the write is then indeterminate). */
 export function bounded<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
   return new Promise<T>((resolve, reject) => {

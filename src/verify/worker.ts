@@ -23,7 +23,7 @@ import { onLoss, type Lease } from '../core/lease.js';
 import { Locks } from '../core/locks.js';
 import { adjustableClock } from './clock.js';
 import { MUTANT_ENV, runTime, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
-import { openWorkerStore } from './store.js';
+import { openWorkerStore } from './open-store.js';
 import { sleep } from '../util/sleep.js';
 
 /** Period of the event-loop monitor. */
