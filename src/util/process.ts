@@ -63,7 +63,7 @@ const STDERR_TAIL = 2_000;
  * `send`, events come back to `onMessage`. Nothing it does throws: sending to, signalling or
  * killing a process that is gone does nothing, and a failed start ends in `exited` like any exit.
  */
-export class ChildWorker<Command, Event> {
+export class ChildWorker<Command extends object, Event> {
   readonly name: string;
   /** Resolves when the process has exited. */
   readonly exited: Promise<ChildExit>;
@@ -122,7 +122,7 @@ export class ChildWorker<Command, Event> {
   }
 
   send(command: Command): void {
-    if (this.running && this.#child.connected) this.#child.send(command as object);
+    if (this.running && this.#child.connected) this.#child.send(command);
   }
 
   /** Writes to the pipe at fd 4 (`pipe: true`). */
