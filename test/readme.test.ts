@@ -42,8 +42,8 @@ const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
   ['npx leasehold verify ', /\nverdict: PASS \(every check passed\)\n$/],
 ];
 
-/** The oldest Node the package supports (package.json `engines`), whose syntax every example must keep to. */
-const MIN_NODE = Number(/^>=(\d+)$/.exec((JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node)?.[1]);
+/** The major of the oldest Node the package supports (package.json `engines`, `>=20.4.0`), whose syntax every example must keep to. */
+const MIN_NODE = Number(/^>=(\d+)(?:\.\d+){0,2}$/.exec((JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node)?.[1]);
 /** The newest ECMAScript edition each supported Node runs in full (Node 20: ES2023). */
 const TARGET_OF_NODE: Record<number, ts.ScriptTarget> = { 20: ts.ScriptTarget.ES2023 };
 

@@ -3,7 +3,7 @@ import { fullJitter, pause } from './backoff.js';
 import type { Clock } from './clock.js';
 import { AcquireTimeoutError, type LeaseholdError } from './errors.js';
 import type { AcquireFailure, LockEvents, TypedEmitter } from './events.js';
-import { CallTimeoutError, LeaseImpl, toLeaseholdError, withTimeout } from './lease.js';
+import { CallTimeoutError, type LeaseImpl, toLeaseholdError, withTimeout } from './lease.js';
 import { WAITING, type ResolvedAcquire } from './options.js';
 import type { Session, SessionPool } from './sessions.js';
 

@@ -55,7 +55,7 @@ export class SessionPool {
     if (existing) return existing;
     const sessions = this.#sessions;
     const { clock, operationTimeoutMs } = this.#ctx;
-    // eslint-disable-next-line prefer-const -- read inside the async body, after its first await
+    // `let`, assigned below: read inside the async body, after its first await
     let opening!: Promise<Session>;
     opening = (async () => {
       const sentAt = clock.now();

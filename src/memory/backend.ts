@@ -3,7 +3,6 @@ import type {
 } from '../core/backend.js';
 import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
 import { checkObject, checkKnownOptions, checkBoolean, checkClock } from '../core/validate.js';
-import { InvalidArgumentError } from '../core/errors.js';
 import type { LockMode } from '../core/validate.js';
 
 export interface MemoryBackendOptions {
@@ -84,7 +83,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   };
 
   /** Drops expired holders (starting their lock-delay) and expired queue places. Returns true if anything changed. */
-  const purge = (key: string, r: KeyRecord, now: number): boolean => {
+  const purge = (r: KeyRecord, now: number): boolean => {
     let changed = false;
     for (const [owner, h] of r.holders) {
       const expiry = expiryOf(h);
@@ -115,7 +114,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     r.timer = clock.setTimeout(() => {
       r.timer = undefined;
       r.timerAt = Infinity;
-      purge(key, r, clock.now());
+      purge(r, clock.now());
       notify(key);
       arm(key, r);
     }, Math.max(0, next - now));
@@ -160,7 +159,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
           // its tombstone so purge can start the lock-delay of its leases.
           if (s.expiresAt > now) sessionTable.delete(id);
           for (const [key, r] of keys) {
-            if (purge(key, r, now)) {
+            if (purge(r, now)) {
               notify(key);
               arm(key, r);
             }
@@ -176,7 +175,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const now = clock.now();
       const r = record(req.key);
-      purge(req.key, r, now);
+      purge(r, now);
       for (const [id, s] of sessionTable) if (s.expiresAt < now - SESSION_TOMBSTONE_MS) sessionTable.delete(id);
       if (req.session !== undefined) {
         const s = sessionTable.get(req.session);
@@ -230,7 +229,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       const now = clock.now();
       const r = keys.get(req.key);
       if (!r) return { renewed: false };
-      purge(req.key, r, now);
+      purge(r, now);
       const h = r.holders.get(req.owner);
       if (!h || h.token !== req.token) return { renewed: false };
       if (h.session === undefined) h.expiresAt = now + req.ttlMs;
@@ -242,7 +241,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     async release(req: ReleaseRequest): Promise<void> {
       const r = keys.get(req.key);
       if (!r) return;
-      purge(req.key, r, clock.now());
+      purge(r, clock.now());
       const h = r.holders.get(req.owner);
       if (!h || h.token !== req.token) return;
       r.holders.delete(req.owner);
@@ -282,7 +281,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       const out: KeyState[] = [];
       for (const [key, r] of keys) { // core orders the answer (guardBackend)
         if (!key.startsWith(prefix)) continue;
-        purge(key, r, now);
+        purge(r, now);
         const delay = Math.max(0, r.delayUntil - now);
         if (r.holders.size === 0 && r.queue.length === 0 && delay === 0) continue;
         out.push({

@@ -21,7 +21,7 @@ export function memoryFence(options?: MemoryFenceOptions): Fence<void> {
   const tails = new Map<string, Promise<unknown>>();
 
   return {
-    async write<R>(resource: string, token: TokenInput, mutate: (tx: void) => R | Promise<R>, writeOptions?: unknown): Promise<R> {
+    async write<R>(resource: string, token: TokenInput, mutate: () => R | Promise<R>, writeOptions?: unknown): Promise<R> {
       checkKey(resource, 'resource');
       const t = readToken(resource, token, writeOptions);
       if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);

@@ -7,7 +7,7 @@ export interface SqliteDatabase {
   prepare(source: string): SqliteStatement;
   exec(source: string): unknown;
   pragma(source: string, options?: { simple?: boolean }): unknown;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- matches better-sqlite3's own variadic typing
+  // biome-ignore lint/suspicious/noExplicitAny: matches better-sqlite3's own variadic typing
   transaction(fn: (...args: any[]) => any): { (...args: any[]): any; immediate(...args: any[]): any };
   close(): unknown;
   readonly open: boolean;
