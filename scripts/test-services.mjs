@@ -9,6 +9,8 @@
 //   redis-server binary (tests start their own instances on other ports to kill and restart them)
 //   etcd binary (tests start their own members on their own ports)
 //   pgbouncer binary (tests start their own, in transaction mode, in front of PostgreSQL)
+//   prometheus and promtool (Debian's prometheus: a test scrapes with a real server; the alert rules' unit tests)
+//   chromium (Debian's: the dashboard's browser tests, through playwright-core)
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
@@ -220,10 +222,28 @@ async function findPgbouncer() {
   return bin;
 }
 
-const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer').split(',').map((s) => s.trim()).filter(Boolean));
+/** A binary from a Debian package the tests run themselves (its system service, if any, kept from starting). */
+async function findBinary({ env, command, path, pkg, units = [] }) {
+  let bin = process.env[env] ?? which(command) ?? (path && existsSync(path) ? path : undefined);
+  if (!bin) {
+    if (!(await aptInstall([pkg], { noServices: true, units }))) fail(`${command} is needed: install it (apt-get install ${pkg})`);
+    bin = which(command) ?? path;
+    if (!bin || !existsSync(bin)) fail(`${command} is still missing after apt-get install ${pkg}`);
+  }
+  return bin;
+}
+
+const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer,prometheus,chromium').split(',').map((s) => s.trim()).filter(Boolean));
 if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
 if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
 if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = await findEtcd();
 if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = await findPgbouncer();
+// Prometheus and promtool (the metrics tests scrape with a real server and unit-test the alert rules).
+if (needs.has('prometheus')) {
+  found.LEASEHOLD_TEST_PROMETHEUS = await findBinary({ env: 'LEASEHOLD_TEST_PROMETHEUS', command: 'prometheus', pkg: 'prometheus', units: ['prometheus.service'] });
+  found.LEASEHOLD_TEST_PROMTOOL = await findBinary({ env: 'LEASEHOLD_TEST_PROMTOOL', command: 'promtool', pkg: 'prometheus' });
+}
+// Debian's Chromium, driven headless by playwright-core in the dashboard tests.
+if (needs.has('chromium')) found.LEASEHOLD_TEST_CHROMIUM = await findBinary({ env: 'LEASEHOLD_TEST_CHROMIUM', command: 'chromium', path: '/usr/bin/chromium', pkg: 'chromium' });
 writeFileSync(new URL('../.test-env.json', import.meta.url), `${JSON.stringify(found, null, 2)}\n`);
 log(Object.entries(found).map(([k, v]) => `${k}=${v}`).join(' '));
