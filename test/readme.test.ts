@@ -36,6 +36,7 @@ const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
   ['postgresFence(pool)', /^exported under token [1-9]\d*\n$/],
   ['redisFence(client', /^written under token [1-9]\d*\n$/],
   ['etcdBackend({ hosts })', /^leader under token [1-9]\d* \(ttl 2000 ms\)\n$/],
+  ['instrumentLocks(locks', 'leasehold_acquire_total{backend="memory",key="tenant:*:export",outcome="acquired"} 1\n'],
 ];
 const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
   ['npx leasehold run nightly-report ', 'report run under token 1\n'],
