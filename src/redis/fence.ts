@@ -3,7 +3,9 @@ import { BackendUnavailableError, InvalidArgumentError, PartialWriteError, Stale
 import { FENCE_GUARD_OPTIONS, fenceTokenCheck, guardHandle, type Fence, type FenceGuardOptions } from '../core/fence.js';
 import type { TokenInput } from '../core/token.js';
 import { checkInteger, checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { checkKeyPrefix, deadline, encodeKey, hasErrorClass, mapRedisError, replyCode } from './client.js';
+import { Deadlines } from './deadline.js';
+import { hasErrorClass, mapRedisError, replyCode } from './errors.js';
+import { checkKeyPrefix, encodeKey } from './keys.js';
 
 /** The transaction `mutate` queues its commands on: an ioredis MULTI (sent with EXEC after `mutate` returns). */
 export type RedisMulti = ChainableCommander;
@@ -44,7 +46,7 @@ interface NodeRedisFenceConnection {
   quit?(): Promise<unknown>;
   destroy?(): void;
   disconnect?(): unknown;
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- matches node-redis's EventEmitter typing
+  // biome-ignore lint/suspicious/noExplicitAny: matches node-redis's EventEmitter typing
   on(event: string, listener: (...args: any[]) => void): unknown;
 }
 
@@ -62,7 +64,7 @@ export interface NodeRedisFenceClient {
  * generically, so it cannot be inferred from the client).
  */
 export type NodeRedisMulti = NodeRedisFenceMulti & {
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- whatever command the caller queues
+  // biome-ignore lint/suspicious/noExplicitAny: whatever command the caller queues
   [command: string]: any;
 };
 
@@ -121,7 +123,8 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
   const size = o.connections === undefined ? 4 : checkInteger(o.connections, 'options.connections', 1, 1_000);
   const timeoutMs = o.commandTimeoutMs === undefined ? 2_000 : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, 600_000);
   const markKey = (resource: string): string => `${prefix}{${encodeKey(resource)}}`;
-  const call = <T>(p: Promise<T>, what: string): Promise<T> => deadline(p, timeoutMs, 'redis fence', what);
+  const deadlines = new Deadlines(timeoutMs, 'redis fence');
+  const call = <T>(p: Promise<T>, what: string): Promise<T> => deadlines.bound(p, what);
   // The same rule as the backends' (wrapClient): ioredis has `call`, node-redis has `sendCommand` and no `call`.
   const open = typeof c.call !== 'function' && typeof c.sendCommand === 'function' ? nodeRedisTx(client as NodeRedisFenceClient, call) : ioredisTx(client as RedisFenceClient, call);
   const pool = new Pool(open, size);

@@ -1,4 +1,5 @@
 export { redisBackend, REDIS_DEFAULTS, type RedisBackendOptions } from './backend.js';
-export { redlockBackend, REDLOCK_DEFAULTS, type RedlockBackendOptions } from './redlock.js';
+export { redlockBackend, REDLOCK_DEFAULTS, type RedlockBackendOptions } from './redlock/backend.js';
 export { redisFence, type NodeRedisFenceClient, type NodeRedisFenceMulti, type NodeRedisMulti, type RedisFenceClient, type RedisFenceOptions, type RedisMulti } from './fence.js';
-export { CLIENT_DEFAULTS, type RedisClientLike, type IoredisLike, type NodeRedisLike } from './client.js';
+export { CLIENT_DEFAULTS } from './conn/ioredis.js';
+export type { RedisClientLike, IoredisLike, NodeRedisLike } from './conn/types.js';

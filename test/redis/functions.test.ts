@@ -10,7 +10,7 @@ import { createClient } from 'redis';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
 import { InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
-import { BATCH_SIZE } from '../../src/redis/client.js';
+import { BATCH_SIZE } from '../../src/redis/lua/runner.js';
 import { redisBackend } from '../../src/redis/index.js';
 import { commandStats, delta, scriptCalls, startRedis, stopAll } from './servers.js';
 

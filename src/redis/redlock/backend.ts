@@ -1,13 +1,22 @@
 import type {
   AcquireRequest, AcquireResult, Backend, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult,
-} from '../core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError, type LeaseholdError } from '../core/errors.js';
-import { checkInteger, checkKnownOptions, checkObject, describe, MAX_DURATION_MS } from '../core/validate.js';
-import { LUA_PRELUDE } from './backend.js';
-import {
-  checkKeyPrefix, connectUrl, deadline, decodeKey, encodeKey, globEscape, int, LuaScript, mapRedisError, wrapClient,
-  type Conn, type RedisClientLike,
-} from './client.js';
+} from '../../core/backend.js';
+import { driftMarginMs } from '../../core/clock.js';
+import { BackendUnavailableError, InvalidArgumentError, type LeaseholdError } from '../../core/errors.js';
+import { DEFAULTS } from '../../core/options.js';
+import { checkInteger, checkKnownOptions, checkObject, describe, MAX_DURATION_MS } from '../../core/validate.js';
+import { connectUrl, wrapClient } from '../conn/open.js';
+import type { Conn, RedisClientLike } from '../conn/types.js';
+import { Deadlines } from '../deadline.js';
+import { mapRedisError } from '../errors.js';
+import { checkKeyPrefix, keyOfLock, lockKeyOf, lockPattern } from '../keys.js';
+import { int, type LuaScript } from '../lua/script.js';
+import { NODE_ACQUIRE } from './acquire.js';
+import { NODE_COMMIT } from './commit.js';
+import { lockKeys, type LockKeys } from './helpers.js';
+import { NODE_INSPECT } from './inspect.js';
+import { NODE_RELEASE } from './release.js';
+import { NODE_RENEW } from './renew.js';
 
 export interface RedlockBackendOptions {
   /** URLs of N independent Redis servers (3 or 5 recommended); leasehold opens and closes the connections. Give this or `clients`. */
@@ -16,7 +25,18 @@ export interface RedlockBackendOptions {
   clients?: RedisClientLike[];
   /** Prepended to every key; must not contain `{` or `}`. @default 'leasehold:' */
   prefix?: string;
-  /** Longest wait for one server's reply; a server slower than this counts as failed for that call. @default 500 */
+  /**
+   * The time limit of one server's answer: a server slower than this counts as failed for that call
+   * (the others decide, if they are a majority), so one sick server does not slow every grant. A
+   * call fails with BackendUnavailableError when a majority cannot be reached in time. Each backend
+   * call is one round to every server at once (renew, release), or two to a few (acquire: record,
+   * then commit the token, retried at most `commitAttempts` times); close() waits this long for QUIT.
+   *
+   * This is the one bound a Redlock call meets. `Locks` also bounds every backend call, for
+   * backends without a limit of their own (`operationTimeoutMs`, 5 s); keep (1 + commitAttempts) ×
+   * this below that (the default does: 2 s), and core's bound never fires on Redlock.
+   * @default 500
+   */
   commandTimeoutMs?: number;
   /** How long an idle lock's token counter is kept on each server. @default 3600000 (1 hour) */
   retainMs?: number;
@@ -27,8 +47,8 @@ export const REDLOCK_DEFAULTS = Object.freeze({
   /** 0.5 s: a server slower than this is treated as down for the call, so one sick server does not slow every grant. */
   commandTimeoutMs: 500,
   retainMs: 3_600_000,
-  /** node-redlock's: validity = ttl − elapsed − (ttl × 1 % + 2 ms). */
-  driftFactor: 0.01,
+  /** Core's (and node-redlock's): validity = ttl − elapsed − driftMarginMs(ttl, driftFactor), i.e. ttl × 1 % + 2 ms. */
+  driftFactor: DEFAULTS.driftFactor,
   /**
    * Redlock has no queue; a refused caller is remembered this long as a contender (inspect's
    * `waiters`). Core's waiting loop asks again at least every ~205 ms, so a waiter stays counted.
@@ -37,190 +57,6 @@ export const REDLOCK_DEFAULTS = Object.freeze({
   /** Conflicting token commits (concurrent grants) are retried this many times with a higher proposal. */
   commitAttempts: 3,
 });
-
-// Keys per server: meta hash (t = last token, d = lock-delay end), holders hash (owner →
-// mode|token|expiresAt|lockDelay||label; token 0 until the commit phase), and a contenders zset
-// (digest of refused owners → expiry). Expiry is judged by each server's own TIME.
-
-/**
- * Helpers of the per-server scripts. purge: removes expired holders (their lock-delay starts, I8)
- * and returns the live ones and the lock-delay end. gc: key TTLs from the live holders' expiry and
- * lock-delay, plus `retain` for the counter.
- */
-const NODE_HELPERS = `
-local function purge(mk, hk, now, d)
-  local all = redis.call('HGETALL', hk)
-  local live = {}
-  local nd = d
-  for i = 1, #all, 2 do
-    local h = holder(all[i + 1])
-    if not h or h.exp <= now then
-      redis.call('HDEL', hk, all[i])
-      if h and h.ld > 0 and h.exp + h.ld > nd then nd = h.exp + h.ld end
-    else
-      h.owner = all[i]
-      live[#live + 1] = h
-    end
-  end
-  if nd > d then redis.call('HSET', mk, 'd', num(nd)) end
-  return live, nd
-end
-local function gc(mk, hk, ck, live, d, now, retain)
-  local horizon = now
-  for _, h in ipairs(live) do
-    if h.exp + h.ld > horizon then horizon = h.exp + h.ld end
-  end
-  if #live > 0 then redis.call('PEXPIREAT', hk, num(horizon)) end
-  if d > horizon then horizon = d end
-  redis.call('PEXPIREAT', mk, num(horizon + retain))
-  redis.call('PEXPIREAT', ck, num(horizon + retain))
-end
-`;
-
-/**
- * Phase 1 on one server: records the holder if the key is free there (token pending) and reads
- * the server's counter and clock. KEYS: meta, holders, contenders. ARGV: owner, mode, ttl,
- * lockDelay, label, retain, contenderTtl. Returns {'G', counter, TIME µs} | {'B', label, retryInMs, counter}.
- */
-const NODE_ACQUIRE = new LuaScript('redlock-acquire', `${LUA_PRELUDE}${NODE_HELPERS}
-local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
-local owner, mode, ttl, ld, label = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local retain, cttl = tonumber(ARGV[6]), tonumber(ARGV[7])
-local now, now_us = clock()
-local meta = redis.call('HMGET', mk, 't', 'd')
-local t = meta[1] or '0'
-local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
-for _, h in ipairs(live) do
-  if h.owner == owner then
-    h.exp = now + ttl
-    redis.call('HSET', hk, owner, holder_record(h))
-    gc(mk, hk, ck, live, d, now, retain)
-    return {'G', t, num(now_us)}
-  end
-end
-local digest = redis.sha1hex(owner)
-if compatible(live, mode) and now >= d then
-  local h = { owner = owner, mode = mode, tok = '0', exp = now + ttl, ld = ld, ses = '', label = label }
-  redis.call('HSET', hk, owner, holder_record(h))
-  live[#live + 1] = h
-  redis.call('ZREM', ck, digest)
-  gc(mk, hk, ck, live, d, now, retain)
-  return {'G', t, num(now_us)}
-end
-redis.call('ZADD', ck, num(now + cttl), digest)
-gc(mk, hk, ck, live, d, now, retain)
-local soonest = -1
-if d > now then soonest = d end
-for _, h in ipairs(live) do
-  local at = h.exp
-  if d > at then at = d end
-  if soonest < 0 or at < soonest then soonest = at end
-end
-local first = live[1]
-local retry = ''
-if soonest >= 0 then retry = num(soonest - now) end
-return {'B', first and first.label or '', retry, t}
-`);
-
-/**
- * Phase 2 on one server: raises the key's counter to the proposal only if it is lower (strictly),
- * and stamps our holder record with it. A server that already has the proposal or more answers
- * with its counter: another grant got there first. KEYS: meta, holders. ARGV: owner, proposal, retain.
- * Returns {1} | {0, counter}.
- */
-const NODE_COMMIT = new LuaScript('redlock-commit', `${LUA_PRELUDE}${NODE_HELPERS}
-local mk, hk = KEYS[1], KEYS[2]
-local owner, p, retain = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local c = redis.call('HGET', mk, 't') or '0'
-if tonumber(c) >= tonumber(p) then return {0, c} end
-local now = clock()
-redis.call('HSET', mk, 't', p)
-local pt = redis.call('PTTL', mk)
-if pt < retain then redis.call('PEXPIREAT', mk, num(now + retain)) end
-local v = redis.call('HGET', hk, owner)
-if v then
-  local h = holder(v)
-  if h then
-    h.tok = p
-    redis.call('HSET', hk, owner, holder_record(h))
-  end
-end
-return {1}
-`);
-
-/**
- * Extends our record on one server; where the server has none (it restarted empty, or our record
- * expired there alone) and the key is free there, records it again with the token.
- * KEYS: meta, holders, contenders. ARGV: owner, token, ttl, mode, lockDelay, label, retain. Returns 1 if held.
- */
-const NODE_RENEW = new LuaScript('redlock-renew', `${LUA_PRELUDE}${NODE_HELPERS}
-local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
-local owner, token, ttl, mode, ld, label, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-local now = clock()
-local v = redis.call('HGET', hk, owner)
-if v then
-  local h = holder(v)
-  if h and h.tok ~= token and h.tok ~= '0' then return 0 end
-  if h and h.exp > now then
-    h.exp = now + ttl
-    h.tok = token
-    redis.call('HSET', hk, owner, holder_record(h))
-    extend_at(hk, h.exp + h.ld, now)
-    extend_at(mk, h.exp + h.ld + retain, now)
-    return 1
-  end
-end
-local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
-if not compatible(live, mode) or now < d then return 0 end
-local h = { owner = owner, mode = mode, tok = token, exp = now + ttl, ld = ld, ses = '', label = label }
-redis.call('HSET', hk, owner, holder_record(h))
-if tonumber(meta[1] or '0') < tonumber(token) then redis.call('HSET', mk, 't', token) end
-live[#live + 1] = h
-gc(mk, hk, ck, live, d, now, retain)
-return 1
-`);
-
-/**
- * Compare-and-delete on one server (an expired record is left to purge: lock-delay, I8).
- * KEYS: meta, holders, contenders. ARGV: owner, token (0: whatever token, to give back an unfinished grant), retain. Returns 1 if a record of ours was there.
- */
-const NODE_RELEASE = new LuaScript('redlock-release', `${LUA_PRELUDE}${NODE_HELPERS}
-local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
-local owner, token, retain = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local v = redis.call('HGET', hk, owner)
-if not v then return 0 end
-local h = holder(v)
-if h and token ~= '0' and h.tok ~= token and h.tok ~= '0' then return 0 end
-local now = clock()
-if h and h.exp > now then redis.call('HDEL', hk, owner) end
-local live, d = purge(mk, hk, now, tonumber(redis.call('HGET', mk, 'd') or '0'))
-gc(mk, hk, ck, live, d, now, retain)
-return 1
-`);
-
-/**
- * One server's view of a key. KEYS: meta, holders, contenders. Returns {counter, delayRemaining,
- * contenders, then digest, mode, token, expiresIn, label per holder}.
- */
-const NODE_INSPECT = new LuaScript('redlock-inspect', `${LUA_PRELUDE}${NODE_HELPERS}
-local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
-local now = clock()
-local meta = redis.call('HMGET', mk, 't', 'd')
-local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
-redis.call('ZREMRANGEBYSCORE', ck, '-inf', num(now))
-local delay = 0
-if d > now then delay = d - now end
-local out = { meta[1] or '0', num(delay), redis.call('ZCARD', ck) }
-for _, h in ipairs(live) do
-  out[#out + 1] = redis.sha1hex(h.owner)
-  out[#out + 1] = h.mode
-  out[#out + 1] = h.tok
-  out[#out + 1] = num(h.exp - now)
-  out[#out + 1] = h.label
-end
-return out
-`);
 
 type Outcome<T> = { readonly node: number; readonly ok: true; readonly value: T } | { readonly node: number; readonly ok: false; readonly error: LeaseholdError };
 
@@ -257,9 +93,10 @@ function gather<T>(n: number, call: (node: number) => Promise<T>, enough: (outco
  * parallel) and reads each server's token counter; with a majority, phase 2 proposes
  * max(highest counter read + 1, highest server TIME in µs read) and writes it to every server,
  * where it is accepted only if higher than the counter there; the lease is handed out once a
- * majority accepted. Validity is ttl − elapsed − drift (core counts it from before phase 1);
- * an acquire that used it up gives everything back. Renew extends on every server and needs a
- * majority; release deletes on every server. No queue: waiters poll with jittered backoff.
+ * majority accepted. Validity is ttl − elapsed − drift (core's `driftMarginMs`; core counts it
+ * from before phase 1); an acquire that used it up gives everything back. Renew extends on every
+ * server and needs a majority; release deletes on every server. No queue: waiters poll with
+ * jittered backoff. The per-server scripts, with their KEYS, ARGV and replies, are in this folder.
  *
  * What holds and what does not is in the README's Redlock section; in short: the token of a grant
  * g2 requested after g1 was handed out is larger than g1's if g2's reading majority (the servers
@@ -270,6 +107,8 @@ function gather<T>(n: number, call: (node: number) => Promise<T>, enough: (outco
  * that server lost its data between the two commits). Clocks decide who believes it holds the
  * lease, not the order of tokens: when they misbehave and two clients hold the key, the later
  * grant still has the higher token, and the fence refuses the older holder.
+ *
+ * The closed state and inspect's order are core's (`guardBackend`).
  */
 export function redlockBackend(options: RedlockBackendOptions): Backend {
   const o = checkObject(options, 'options');
@@ -285,23 +124,23 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
   const retain = String(o.retainMs === undefined ? REDLOCK_DEFAULTS.retainMs : checkInteger(o.retainMs, 'options.retainMs', 60_000, MAX_DURATION_MS));
   const nodes: Conn[] = [];
   try {
-    list.forEach((item, i) => nodes.push(o.urls !== undefined ? connectUrl(item, `${listName}[${i}]`) : wrapClient(item, `${listName}[${i}]`)));
+    for (const [i, item] of list.entries()) {
+      nodes.push(o.urls !== undefined ? connectUrl(item, `${listName}[${i}]`) : wrapClient(item, `${listName}[${i}]`));
+    }
   } catch (error) {
     for (const n of nodes) void n.close();
     throw error;
   }
   const n = nodes.length;
   const quorum = Math.floor(n / 2) + 1;
+  /** Every server's calls share one bound (commandTimeoutMs), hence one set of deadlines for the backend. */
+  const deadlines = new Deadlines(commandTimeoutMs, 'redlock');
+  /** Stops close() from closing twice (core's guard does that too; a direct user may not have it). */
   let closed = false;
-  const keysOf = (key: string): [string, string, string] => {
-    const meta = `${prefix}{${encodeKey(key)}}`;
-    return [meta, `${meta}:h`, `${meta}:q`];
-  };
-  const ensureOpen = (): void => {
-    if (closed) throw new InvalidArgumentError('backend', 'this redlock backend was closed');
-  };
-  const on = <T>(node: number, what: string, script: LuaScript, keys: readonly string[], args: readonly string[]): Promise<T> =>
-    deadline(script.run(nodes[node]!, keys, args) as Promise<T>, commandTimeoutMs, 'redlock', what);
+  const keysOf = (key: string): LockKeys => lockKeys(lockKeyOf(prefix, key));
+  /** One script on one server, bounded. */
+  const on = <A extends readonly string[], R>(node: number, what: string, script: LuaScript<LockKeys, A, R>, keys: LockKeys, args: A): Promise<R> =>
+    deadlines.bound(script.run(nodes[node]!, keys, args), what);
 
   const releaseAll = async (req: ReleaseRequest): Promise<number> => {
     const keys = keysOf(req.key);
@@ -321,12 +160,10 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     capabilities: Object.freeze({ fair: false, minTtlMs: 0 }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
-      ensureOpen();
       const start = performance.now();
       const keys = keysOf(req.key);
       const mode = req.mode === 'shared' ? 's' : 'e';
-      type Phase1 = ['G', string, string] | ['B', string, string, string];
-      const first = await gather<Phase1>(
+      const first = await gather(
         n,
         (i) => on(i, 'acquire', NODE_ACQUIRE, keys, [req.owner, mode, String(req.ttlMs), String(req.lockDelayMs), req.holder, retain, String(REDLOCK_DEFAULTS.contenderTtlMs)]),
         (outs) => {
@@ -367,9 +204,10 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         if (counter + 1n > proposal) proposal = counter + 1n;
         if (x.value[0] === 'G' && BigInt(x.value[2]) > proposal) proposal = BigInt(x.value[2]);
       }
+      const margin = driftMarginMs(req.ttlMs, REDLOCK_DEFAULTS.driftFactor);
       for (let attempt = 1; attempt <= REDLOCK_DEFAULTS.commitAttempts; attempt++) {
         const p = proposal.toString();
-        const commits = await gather<[number, string?]>(
+        const commits = await gather(
           n,
           (i) => on(i, 'commit token', NODE_COMMIT, keys, [req.owner, p, retain]),
           (outs) => {
@@ -378,8 +216,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
           },
         );
         const accepted = commits.filter((x) => x.ok && int(x.value[0]) === 1).length;
-        const elapsed = performance.now() - start;
-        const validity = req.ttlMs - elapsed - (req.ttlMs * REDLOCK_DEFAULTS.driftFactor + 2);
+        const validity = req.ttlMs - (performance.now() - start) - margin;
         if (accepted >= quorum) {
           if (validity <= 0) break;
           return { granted: true, token: proposal, ttlMs: req.ttlMs };
@@ -397,12 +234,11 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      ensureOpen();
       const keys = keysOf(req.key);
       // The grant's lock-delay and label (core sends them with every renewal): a server that lost the
       // holder (restarted empty) records it again exactly as granted.
-      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', String(req.lockDelayMs ?? 0), req.holder ?? '', retain];
-      const outs = await gather<number>(n, (i) => on(i, 'renew', NODE_RENEW, keys, args), (xs) => {
+      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', String(req.lockDelayMs ?? 0), req.holder ?? '', retain] as const;
+      const outs = await gather(n, (i) => on(i, 'renew', NODE_RENEW, keys, args), (xs) => {
         const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
         const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
         return ok >= quorum || no > n - quorum;
@@ -415,14 +251,13 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     },
 
     async release(req: ReleaseRequest): Promise<void> {
-      ensureOpen();
       const answered = await releaseAll(req);
       if (answered < quorum) throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
     },
 
+    /** Keys that a majority of servers agrees have a holder, a contender or a lock-delay. Unsorted (core sorts). */
     async inspect(prefixOfKeys: string): Promise<KeyState[]> {
-      ensureOpen();
-      const pattern = `${globEscape(prefix)}{${globEscape(encodeKey(prefixOfKeys))}*`;
+      const pattern = lockPattern(prefix, prefixOfKeys);
       const metas = new Set<string>();
       let reachable = 0;
       await Promise.all(
@@ -431,7 +266,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
             for (const target of node.scanTargets()) {
               let cursor = '0';
               do {
-                const [next, found] = (await deadline(target.command(['SCAN', cursor, 'MATCH', pattern, 'COUNT', '1000']), commandTimeoutMs, 'redlock', 'scan')) as [string, string[]];
+                const [next, found] = (await deadlines.bound(target.command(['SCAN', cursor, 'MATCH', pattern, 'COUNT', '1000']), 'scan')) as [string, string[]];
                 cursor = String(next);
                 for (const k of found) if (k.endsWith('}')) metas.add(k);
               } while (cursor !== '0');
@@ -445,8 +280,8 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       if (reachable < quorum) throw new BackendUnavailableError('redlock', `inspect reached ${reachable} of ${n} servers; a majority of ${quorum} is needed`);
       const out: KeyState[] = [];
       for (const meta of [...metas]) {
-        const views = await gather<unknown[]>(n, (i) => on(i, 'inspect', NODE_INSPECT, [meta, `${meta}:h`, `${meta}:q`], []), () => false);
-        const ok = views.filter((x): x is Extract<Outcome<unknown[]>, { ok: true }> => x.ok).map((x) => x.value);
+        const views = await gather(n, (i) => on(i, 'inspect', NODE_INSPECT, lockKeys(meta), []), () => false);
+        const ok = views.flatMap((x) => (x.ok ? [x.value] : []));
         if (ok.length < quorum) continue;
         // A value holds for the key when a majority agrees: the quorum-th largest of the servers' values.
         const kth = (values: number[]): number => values.sort((a, b) => b - a)[quorum - 1] ?? 0;
@@ -471,9 +306,9 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         const waiters = Math.max(...ok.map((r) => int(r[2])));
         const lockDelayRemainingMs = kth(ok.map((r) => Number(r[1])));
         if (holders.length === 0 && waiters === 0 && lockDelayRemainingMs === 0) continue;
-        out.push({ key: decodeKey(meta.slice(prefix.length + 1, -1)), lastToken, holders, waiters, lockDelayRemainingMs });
+        out.push({ key: keyOfLock(prefix, meta), lastToken, holders, waiters, lockDelayRemainingMs });
       }
-      return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+      return out;
     },
 
     async close() {

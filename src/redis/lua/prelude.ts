@@ -1,0 +1,45 @@
+/**
+ * Lua shared by the redis backend's operations (`ops/`) and by Redlock's per-server scripts
+ * (`redlock/`): numbers, the server clock, holder records and sessions. All expiry is judged by the
+ * server's TIME (I7); key TTLs are only garbage collection.
+ *
+ * num(x): a number as a decimal integer string (no exponent).
+ * clock(): the server's TIME as ms and µs.
+ * holder(v) / holder_record(h): a holder record, `mode|token|expiresAt|lockDelayMs|session|label`
+ *   (mode e|s; expiresAt in server ms, 0 when the session decides; session '' for none).
+ * session_expiry(sp, id): the expiry of session `id` (hash `e` under prefix `sp`), -1 when gone. A
+ *   session hash holds e = expiry in server ms and ld = the longest lock-delay of its leases.
+ * compatible(live, mode): whether a holder of `mode` may join the live holders.
+ * extend_at(key, at, now): moves the key's expiry to `at` if it would expire earlier (never shortens).
+ */
+export const LUA_PRELUDE = `
+local function num(x) return string.format('%.0f', x) end
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+local function holder(v)
+  local m, tok, exp, ld, ses, lab = string.match(v, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  if not m then return nil end
+  return { mode = m, tok = tok, exp = tonumber(exp), ld = tonumber(ld), ses = ses, label = lab }
+end
+local function holder_record(h)
+  return h.mode .. '|' .. h.tok .. '|' .. num(h.exp) .. '|' .. num(h.ld) .. '|' .. h.ses .. '|' .. h.label
+end
+local function session_expiry(sp, id)
+  local e = redis.call('HGET', sp .. id, 'e')
+  if e then return tonumber(e) end
+  return -1
+end
+local function compatible(live, mode)
+  if #live == 0 then return true end
+  if mode == 'e' then return false end
+  for _, h in ipairs(live) do if h.mode ~= 's' then return false end end
+  return true
+end
+local function extend_at(key, at, now)
+  local p = redis.call('PTTL', key)
+  if p >= 0 and now + p < at then redis.call('PEXPIREAT', key, num(at)) end
+end
+`;
