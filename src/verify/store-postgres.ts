@@ -1,8 +1,13 @@
-import pg from 'pg';
+import { createRequire } from 'node:module';
+import type Pg from 'pg';
+import { requirePeer } from '../core/peer.js';
 import { postgresFence, type PgClient, type PgPool } from '../postgres/index.js';
 import { STORE_NAMES, bounded, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
 
 const { counters, log, fences } = STORE_NAMES;
+
+/** pg, an optional peer of leasehold: loaded like src/postgres/driver.ts loads it, so a missing one is named. */
+const pg = requirePeer<typeof Pg>(createRequire(import.meta.url), 'pg', 'leasehold verify --fence postgres');
 
 /** Every statement of the PostgreSQL store, beside the operations that run them. */
 const SQL = Object.freeze({
@@ -22,7 +27,7 @@ const SQL = Object.freeze({
   deleteMark: `DELETE FROM ${fences} WHERE resource = $1`,
 });
 
-function pool(config: StoreConfig, max: number): pg.Pool {
+function pool(config: StoreConfig, max: number): Pg.Pool {
   const p = new pg.Pool({
     connectionString: config.location,
     max,
@@ -40,7 +45,7 @@ function pool(config: StoreConfig, max: number): pg.Pool {
  * connection broke while it was out (an 'error' event, which would otherwise crash the process, or
  * a failed ROLLBACK) is destroyed rather than returned to the pool.
  */
-async function transaction<T>(p: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+async function transaction<T>(p: Pg.Pool, fn: (client: Pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await p.connect();
   let broken: Error | undefined;
   const onError = (error: Error): void => {
@@ -70,7 +75,7 @@ const DDL_RACES = new Set(['23505', '42P07']);
  * Creates the store's tables once, under a transaction-scoped advisory lock so that concurrent runs
  * do not race in the catalog; a race with anything else creating them is tried again (3 attempts).
  */
-async function createTables(p: pg.Pool, lockName: string, statements: readonly string[]): Promise<void> {
+async function createTables(p: Pg.Pool, lockName: string, statements: readonly string[]): Promise<void> {
   for (let attempt = 1; ; attempt++) {
     try {
       await transaction(p, async (client) => {

@@ -1,6 +1,11 @@
-import { Redis } from 'ioredis';
+import { createRequire } from 'node:module';
+import type * as Ioredis from 'ioredis';
+import { requirePeer } from '../core/peer.js';
 import { CLIENT_DEFAULTS, redisFence } from '../redis/index.js';
 import { STORE_NAMES, bounded, type AdminStore, type FinalState, type StoreConfig, type WorkerStore } from './store.js';
+
+/** ioredis, an optional peer of leasehold: loaded like src/redis/driver.ts loads it, so a missing one is named. */
+const { Redis } = requirePeer<typeof Ioredis>(createRequire(import.meta.url), 'ioredis', 'leasehold verify --fence redis');
 
 const PREFIX = STORE_NAMES.redisPrefix;
 /** The fence's marks live under their own prefix, apart from an application's `leasehold:fence:`. */
@@ -27,7 +32,7 @@ function row(token: bigint, w: number, op: string): string {
   return `${token}|${w}|${op}`;
 }
 
-function client(config: StoreConfig): Redis {
+function client(config: StoreConfig): Ioredis.Redis {
   // leasehold's client defaults, with an offline queue (commands wait for a reconnect, bounded by
   // `timeoutMs`) but never resending a command that was in flight when the connection dropped (a
   // resent write could apply twice): such a write fails and is indeterminate.
