@@ -57,5 +57,6 @@ export function renderTable(states: readonly KeyState[]): string {
   }
   const table = [[...LS_COLUMNS], ...rows];
   const widths = LS_COLUMNS.map((_, i) => Math.max(...table.map((r) => (r[i] ?? '').length)));
-  return table.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ').trimEnd()).join('\n') + '\n';
+  const lines = table.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ').trimEnd());
+  return `${lines.join('\n')}\n`;
 }

@@ -13,7 +13,7 @@
  */
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
-import { Command, CommanderError, InvalidArgumentError as CommanderArgumentError, Option } from 'commander';
+import { Command, type CommanderError, InvalidArgumentError as CommanderArgumentError, Option } from 'commander';
 import { InvalidArgumentError } from '../core/errors.js';
 import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
 import { formatDuration, parseDuration } from '../util/duration.js';
@@ -177,11 +177,11 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(new Option('--fence <kind>', 'where the protected resource lives (default: the coordinator\'s kind when it has a fence, else sqlite)').choices([...STORE_KINDS]))
     .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
     .addOption(new Option('--fence-url <url>', 'the server of the resource for --fence postgres|redis (default: the coordinator\'s URL when it is of that kind)'))
-    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption('--workers', 1, VERIFY_LIMITS.maxWorkers)))
+    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption(1, VERIFY_LIMITS.maxWorkers)))
     .addOption(new Option('--duration <duration>', 'how long the workload runs').default(30_000, '30s').argParser(durationOption('--duration')))
     .addOption(new Option('--ttl <duration>', 'lease ttl (the coordinator may round it up)').default(1_000, '1s').argParser(durationOption('--ttl')))
     .addOption(new Option('--work <duration>', 'time in the critical section before each write (default: ttl/5)').argParser(durationOption('--work')))
-    .addOption(new Option('--seed <n>', `seed of the fault schedule, 0…${MAX_SEED} (default: random, printed)`).argParser(integerOption('--seed', 0, MAX_SEED)))
+    .addOption(new Option('--seed <n>', `seed of the fault schedule, 0…${MAX_SEED} (default: random, printed)`).argParser(integerOption(0, MAX_SEED)))
     .addOption(new Option('--nemesis <list>', `faults to inject, comma-separated, or none`).default([...NEMESES], NEMESES.join(',')).argParser(nemesisOption))
     .option('--report <dir>', 'write history.jsonl and timeline.svg into DIR')
     .action(
@@ -214,7 +214,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
 }
 
 /** A commander option parser for an integer in [min, max]. */
-function integerOption(flag: string, min: number, max: number): (value: string) => number {
+function integerOption(min: number, max: number): (value: string) => number {
   return (value) => {
     if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max) throw new CommanderArgumentError(`expected an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
     return Number(value);

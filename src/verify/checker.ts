@@ -235,7 +235,8 @@ function checkTokens(final: FinalState, fenced: boolean, flagged: Set<string>): 
     }
   }
   if (fenced && log.length > 0) {
-    const top = log.reduce((m, r) => (r.token > m ? r.token : m), 0n);
+    let top = 0n;
+    for (const r of log) if (r.token > top) top = r.token;
     if (final.highest !== top) violations.push(`the fence's mark is ${final.highest ?? 'missing'} but the highest token written is ${top}`);
   }
   return result('tokens', 'fence: accepted tokens never decrease (I3)', violations,

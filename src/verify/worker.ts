@@ -119,7 +119,7 @@ async function main(): Promise<void> {
   };
   /** Reports the current lease's deadline after a renewal or a rate change. */
   const reportValidity = (): void => {
-    if (!current || !current.lease.held) return;
+    if (!current?.lease.held) return;
     const until = deadline(current.lease);
     current.due = until;
     emit({ type: 'validity', token: current.lease.token.toString(), until });
@@ -195,7 +195,7 @@ async function main(): Promise<void> {
   };
 
   let running: Promise<void> | undefined;
-  let finishing: Promise<void> | undefined;
+  let finishing = false;
   const finish = async (): Promise<void> => {
     stop.abort();
     await running?.catch(fail);
@@ -222,7 +222,9 @@ async function main(): Promise<void> {
         reportValidity();
         return;
       case 'stop':
-        finishing ??= finish().catch(fail);
+        if (finishing) return;
+        finishing = true;
+        finish().catch(fail);
         return;
     }
   });
