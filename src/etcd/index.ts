@@ -1,2 +1,3 @@
-export { etcdBackend, ETCD_DEFAULTS, type EtcdBackendOptions } from './backend.js';
+export { etcdBackend } from './backend.js';
+export { ETCD_DEFAULTS, type EtcdBackendOptions } from './options.js';
 export type { EtcdClient } from './rpc.js';
