@@ -6,7 +6,7 @@ import {
   ClientClosedError, EtcdLeaseInvalidError, GRPCInvalidArgumentError, GRPCOutOfRangeError, castGrpcError, isRecoverableError,
   type Etcd3, type ICompare, type IKeyValue, type IOptions, type IRequestOp, type ITxnResponse,
 } from 'etcd3';
-import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
+import { BackendUnavailableError, ClosedError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 
 /** What the backend uses of an `Etcd3` client (a root client, not a namespace: use the `prefix` option instead). */
 export interface EtcdClient {
@@ -174,14 +174,14 @@ export async function revoke(client: EtcdClient, id: string, timeoutMs: number):
 
 /**
  * etcd3's errors as leasehold errors: input etcd refuses (gRPC INVALID_ARGUMENT, OUT_OF_RANGE: a
- * request too large, too many operations) is an InvalidArgumentError; a closed client is an
- * InvalidArgumentError like any use after close; everything else (unreachable, deadline, no
- * leader, overloaded) is a retryable BackendUnavailableError.
+ * request too large, too many operations) is an InvalidArgumentError; a closed client is a
+ * ClosedError, like any use after close; everything else (unreachable, deadline, no leader,
+ * overloaded) is a retryable BackendUnavailableError.
  */
 export function mapError(what: string, error: unknown): LeaseholdError {
   if (error instanceof LeaseholdError) return error;
   const detail = error instanceof Error ? error.message : String(error);
-  if (isA(error, ClientClosedError)) return new InvalidArgumentError('backend', `the etcd client was closed (${what})`, { cause: error });
+  if (isA(error, ClientClosedError)) return new ClosedError('etcd client', { cause: error });
   if (isA(error, GRPCInvalidArgumentError) || isA(error, GRPCOutOfRangeError)) {
     return new InvalidArgumentError('request', `etcd refused ${what}: ${detail}`, { cause: error });
   }
