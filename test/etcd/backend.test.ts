@@ -6,7 +6,7 @@
 import { Etcd3 } from 'etcd3';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
-import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
+import { AcquireTimeoutError, BackendUnavailableError, ClosedError, InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { etcdBackend } from '../../src/etcd/index.js';
 import { decodePart, encodePart, KeyLayout, parseKey } from '../../src/etcd/keys.js';
@@ -555,6 +555,16 @@ describe('etcd backend', () => {
     } finally {
       client.close();
     }
+  });
+
+  it('a client passed in that its owner closed: calls reject with ClosedError (CLOSED), not INVALID_ARGUMENT', async () => {
+    const client = new Etcd3({ hosts: cluster.endpoints });
+    const l = new Locks({ backend: etcdBackend({ client, prefix, minTtlMs: 1_000 }) });
+    opened.push(l);
+    client.close();
+    const error = await l.tryAcquire(key('closed-client'), { ttlMs: 1_000 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ClosedError);
+    expect(error).toMatchObject({ code: 'CLOSED', retryable: false, message: 'this etcd client was closed' });
   });
 });
 
