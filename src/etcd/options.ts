@@ -8,7 +8,10 @@ import { checkInteger, checkKnownOptions, checkObject, describe } from '../core/
 import type { EtcdClient } from './rpc.js';
 
 export interface EtcdBackendOptions {
-  /** etcd client URLs (`http://h1:2379`, …), every member: requests fail over between them. Give this or `client`. */
+  /**
+   * Every member of the cluster, as client URLs (`http://h1:2379`, `https://…`) or bare `host:port`
+   * (read as http, as etcd3 and `etcdctl --endpoints` do): requests fail over between them. Give this or `client`.
+   */
   hosts?: string | readonly string[];
   /** An `Etcd3` client you already have (a root client, not a namespace: use `prefix`); never closed by `close()`. */
   client?: EtcdClient;
@@ -91,45 +94,59 @@ function checkPrefixOption(value: unknown): string {
 }
 
 /**
- * Checks `hosts` now, so that a configuration error is an InvalidArgumentError at once instead of a
- * retryable BackendUnavailableError on every call, and returns each host in the one form etcd3
- * (grpc) can dial: `http://HOST:PORT` or `https://HOST:PORT`. A trailing slash is dropped and the
- * scheme and host are lower-cased; a path, query, fragment, user or password, a missing or bad port
- * (grpc would dial 443 for `http://host`) and an empty host are refused, naming the element.
+ * Checks `hosts` and returns each host in the one form etcd3 (grpc) can dial: `http://HOST:PORT` or
+ * `https://HOST:PORT`. A bare `HOST:PORT` is http, as etcd3 and `etcdctl --endpoints` read it. A
+ * trailing slash is dropped and the scheme and host are lower-cased; a path, query, fragment, user
+ * or password, a missing or bad port (grpc would dial 443 for `http://host`), an empty host, and
+ * http and https mixed (etcd3 takes one or the other) are refused, naming the element.
  */
 function checkHosts(value: unknown): string[] {
-  const example = 'like http://127.0.0.1:2379';
+  const example = 'like http://127.0.0.1:2379 or 127.0.0.1:2379';
   if (typeof value === 'string') return [checkHost(value, 'hosts')];
   if (!Array.isArray(value)) throw new InvalidArgumentError('hosts', `expected an etcd client URL or an array of them, ${example}, got ${describe(value)}`);
   if (value.length === 0) throw new InvalidArgumentError('hosts', `expected at least one etcd client URL, ${example}, got an empty array`);
-  return (value as unknown[]).map((h, i) => checkHost(h, `hosts[${i}]`));
+  const hosts = (value as unknown[]).map((h, i) => checkHost(h, `hosts[${i}]`));
+  const secure = hosts[0]!.startsWith('https:');
+  const other = hosts.findIndex((h) => h.startsWith('https:') !== secure);
+  if (other > 0) {
+    const [a, b] = secure ? ['https', 'http'] : ['http', 'https'];
+    const shown = JSON.stringify(value[other]);
+    throw new InvalidArgumentError('hosts', `hosts[${other}] = ${shown} is ${b} while hosts[0] is ${a}: the etcd3 client takes all of one or the other`);
+  }
+  return hosts;
 }
 
 function checkHost(h: unknown, where: string): string {
   const bad = (problem: string): InvalidArgumentError => new InvalidArgumentError('hosts', `${where} ${problem}`);
-  if (typeof h !== 'string') throw bad(`must be an etcd client URL string like http://127.0.0.1:2379, got ${describe(h)}`);
+  if (typeof h !== 'string') throw bad(`must be an etcd client URL like http://127.0.0.1:2379, or host:port, as a string; got ${describe(h)}`);
   const shown = JSON.stringify(h.length > 100 ? `${h.slice(0, 100)}…` : h);
-  const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(h)?.[1]?.toLowerCase();
-  if (scheme === undefined) throw bad(`= ${shown} has no scheme: write it as a URL, like http://127.0.0.1:2379 (or https://…)`);
-  if (scheme !== 'http' && scheme !== 'https') throw bad(`= ${shown}: the scheme must be http:// or https://, not ${scheme}://`);
+  const given = /^([a-z][a-z0-9+.-]*):\/\//i.exec(h)?.[1]?.toLowerCase();
+  if (given !== undefined && given !== 'http' && given !== 'https') throw bad(`= ${shown}: the scheme must be http:// or https://, not ${given}://`);
+  // Bare host:port: http, checked as the URL it stands for (messages quote what was given).
+  const bare = given === undefined;
+  const scheme = given ?? 'http';
+  const text = bare ? `http://${h}` : h;
   // WHATWG URL forgives what grpc does not (tabs and newlines dropped, "\\" read as "/", extra
   // slashes skipped, a default port dropped), so the text itself is checked first.
   if (/[\s\x00-\x1f\x7f]/.test(h)) throw bad(`= ${shown} contains whitespace or control characters`);
-  const authority = h.slice(scheme.length + 3).split(/[/?#\\]/, 1)[0]!;
-  const rest = h.slice(scheme.length + 3 + authority.length);
+  const authority = text.slice(scheme.length + 3).split(/[/?#\\]/, 1)[0]!;
+  const rest = text.slice(scheme.length + 3 + authority.length);
   if (authority === '' || authority.startsWith(':')) throw bad(`= ${shown} has no host`);
   if (rest !== '' && rest !== '/') throw bad(`= ${shown} has a path, query or fragment (${JSON.stringify(rest)}): an etcd client URL is scheme://host:port`);
   const port = /:(\d+)$/.exec(authority)?.[1];
   if (port !== undefined && (Number(port) < 1 || Number(port) > 65_535)) throw bad(`= ${shown}: the port must be from 1 to 65535, got ${port}`);
   let url: URL;
   try {
-    url = new URL(h);
+    url = new URL(text);
   } catch {
-    throw bad(`= ${shown} is not a valid URL (a host, and a port from 1 to 65535)`);
+    throw bad(`= ${shown} is not a valid URL or host:port (a host, and a port from 1 to 65535)`);
   }
   if (url.username !== '' || url.password !== '' || authority.includes('@')) {
     throw bad(`= ${shown} has a user or password: etcd credentials do not go in the URL (pass a configured Etcd3 as client)`);
   }
-  if (port === undefined) throw bad(`= ${shown} has no port: etcd listens on 2379 by default, e.g. ${scheme}://${url.hostname}:2379`);
+  if (port === undefined) {
+    const example = bare ? `${url.hostname}:2379` : `${scheme}://${url.hostname}:2379`;
+    throw bad(`= ${shown} has no port: etcd listens on 2379 by default, e.g. ${example}`);
+  }
   return `${scheme}://${url.hostname}:${Number(port)}`;
 }

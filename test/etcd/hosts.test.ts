@@ -1,7 +1,8 @@
 /**
  * etcdBackend({ hosts }): what etcd3 (grpc) cannot dial is an InvalidArgumentError at once, naming
  * the element — never a retryable BackendUnavailableError on every call — and the forms it can be
- * made to dial (trailing slash, upper-case scheme) work against a real etcd member.
+ * made to dial (bare host:port as http, trailing slash, upper-case scheme) work against a real etcd
+ * member.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
@@ -21,7 +22,7 @@ function thrown(fn: () => unknown): unknown {
   return undefined;
 }
 
-describe('etcd hosts that etcd3 cannot dial are refused at once', () => {
+describe('etcd hosts that etcd3 cannot dial are refused at once, naming the element', () => {
   const cases: [hosts: unknown, message: RegExp][] = [
     [['http://127.0.0.1:2379/x'], /hosts\[0\] = "http:\/\/127\.0\.0\.1:2379\/x" has a path/],
     [['http://127.0.0.1:2379/./'], /has a path/],
@@ -40,10 +41,17 @@ describe('etcd hosts that etcd3 cannot dial are refused at once', () => {
     [['http://bad host:2379'], /whitespace or control characters/],
     [['http://exa[mple:2379'], /is not a valid URL/],
     [['grpc://127.0.0.1:2379'], /the scheme must be http:\/\/ or https:\/\/, not grpc:\/\//],
-    // Bare host:port is refused (for now), naming the element rather than the whole array.
-    [['http://127.0.0.1:2379', '127.0.0.1:22379'], /hosts\[1\] = "127\.0\.0\.1:22379" has no scheme/],
-    ['localhost:2379', /^invalid hosts: hosts = "localhost:2379" has no scheme/],
-    [['http://127.0.0.1:2379', 42], /hosts\[1\] must be an etcd client URL string like http:\/\/127\.0\.0\.1:2379, got 42/],
+    // Bare host:port is accepted (see below); a bad one is refused by the same rules, naming the element as given.
+    [['http://127.0.0.1:2379', '127.0.0.1:99999'], /^invalid hosts: hosts\[1\] = "127\.0\.0\.1:99999": the port must be from 1 to 65535, got 99999/],
+    ['localhost', /^invalid hosts: hosts = "localhost" has no port: etcd listens on 2379 by default, e\.g\. localhost:2379/],
+    [['127.0.0.1:2379/v3'], /hosts\[0\] = "127\.0\.0\.1:2379\/v3" has a path/],
+    [['user@127.0.0.1:2379'], /hosts\[0\] = "user@127\.0\.0\.1:2379" has a user or password/],
+    [[':2379'], /hosts\[0\] = ":2379" has no host/],
+    [['127.0.0.1:2379', 'exa[mple:2379'], /hosts\[1\] = "exa\[mple:2379" is not a valid URL or host:port/],
+    [['127.0.0.1: 2379'], /whitespace or control characters/],
+    // etcd3 takes all hosts secure or none (it threw a bare Error from the constructor): named here.
+    [['127.0.0.1:2379', 'https://127.0.0.1:22379'], /hosts\[1\] = "https:\/\/127\.0\.0\.1:22379" is https while hosts\[0\] is http/],
+    [['http://127.0.0.1:2379', 42], /hosts\[1\] must be an etcd client URL like http:\/\/127\.0\.0\.1:2379, or host:port, as a string; got 42/],
     [[], /at least one etcd client URL/],
     [42, /expected an etcd client URL or an array of them/],
   ];
@@ -81,6 +89,11 @@ describe('etcd hosts in forms etcd3 can be made to dial', () => {
     ['a trailing slash', () => `${cluster.endpoints[0]}/`],
     ['an upper-case scheme and host', () => [cluster.endpoints[0]!.replace('http://', 'HTTP://').replace('127.0.0.1', 'LOCALHOST')]],
     ['a port with a leading zero', () => [cluster.endpoints[0]!.replace(/:(\d+)$/, ':0$1')]],
+    // etcd3's own default form ('127.0.0.1:2379') and what `etcdctl --endpoints` takes: http.
+    ['bare host:port as a string', () => cluster.endpoints[0]!.replace('http://', '')],
+    ['bare host:port in an array', () => [cluster.endpoints[0]!.replace('http://', '')]],
+    ['bare localhost:port with a trailing slash', () => [`${cluster.endpoints[0]!.replace('http://127.0.0.1', 'localhost')}/`]],
+    ['bare host:port next to a URL (two hosts: the leader route)', () => [cluster.endpoints[0]!.replace('http://', ''), cluster.endpoints[0]!]],
   ];
   for (const [name, hosts] of variants) {
     it(`${name}: acquire and release work (no BackendUnavailableError)`, async () => {
