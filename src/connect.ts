@@ -1,6 +1,7 @@
 import type { Backend } from './core/backend.js';
 import { InvalidArgumentError } from './core/errors.js';
 import { describe } from './core/validate.js';
+import { redisUrlDatabase } from './redis/url.js';
 
 /** Where `createLocks()` keeps its leases when given neither a backend nor LEASEHOLD_URL. */
 export const DEFAULT_URL = 'sqlite:./leasehold.db';
@@ -20,7 +21,7 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  *
  * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
- * - `etcd://h1:p1,h2:p2` — an etcd cluster (its members' client ports, over http)
+ * - `etcd://h1:p1,h2:p2` — an etcd cluster
  */
 export function backendLoader(url: unknown): () => Promise<Backend> {
   if (typeof url !== 'string' || url.length === 0) throw new InvalidArgumentError('url', `expected a URL string, got ${describe(url)}`);
@@ -42,20 +43,16 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
     }
     case 'redis':
     case 'rediss': {
-      const db = redisDb(url);
-      return async () => {
-        const { redisBackend } = await import('./redis/index.js');
-        if (db > 0) await checkRedisDb(url, db);
-        return redisBackend({ url });
-      };
+      // The database in the URL must be a number (checked now); the backend checks on first use that the server has it.
+      redisUrlDatabase(url, 'url', (u) => JSON.stringify(redact(u)));
+      return async () => (await import('./redis/backend.js')).redisBackendFromUrl(url);
     }
     case 'redlock': {
       const urls = hostList(url, 'redlock').map((h) => `redis://${h}`);
       return async () => (await import('./redis/index.js')).redlockBackend({ urls });
     }
     case 'etcd': {
-      // Bare host:port, which etcdBackend reads as http (as etcd3 and etcdctl do).
-      const hosts = hostList(url, 'etcd');
+      const hosts = hostList(url, 'etcd').map((h) => `http://${h}`);
       return async () => (await import('./etcd/index.js')).etcdBackend({ hosts });
     }
     default:
@@ -69,54 +66,6 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
 /** Connects to the coordinator named by `url` (see {@link backendLoader} for the schemes). */
 export function backendFromUrl(url: string): Promise<Backend> {
   return backendLoader(url)();
-}
-
-/**
- * The database a redis:// URL selects, as ioredis reads it (the path `/N`, else `?db=N`, else 0),
- * checked to be a number: ioredis would send anything else to SELECT, which fails, and then carry on
- * in database 0 without a word.
- */
-function redisDb(url: string): number {
-  let parsed: URL;
-  try {
-    parsed = new URL(url);
-  } catch {
-    throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} is not a valid URL`);
-  }
-  const path = parsed.pathname === '/' ? '' : parsed.pathname.slice(1);
-  const fromQuery = parsed.searchParams.get('db');
-  const text = path !== '' ? path : (fromQuery ?? '0');
-  if (!/^\d{1,9}$/.test(text)) {
-    const where = path !== '' ? `the path ${JSON.stringify(parsed.pathname)}` : `db=${JSON.stringify(fromQuery)}`;
-    throw new InvalidArgumentError('url', `a redis:// URL's path (or db=) is the database number, e.g. redis://127.0.0.1:6379/2; got ${where}`);
-  }
-  return Number(text);
-}
-
-/**
- * Redis answers SELECT of a database it does not have (beyond its `databases` setting, 16 by
- * default) with an error that ioredis only emits as an event, and then runs every command in
- * database 0. So before the first use, one short connection asks for `db`: an error reply is the
- * URL's fault (InvalidArgumentError, not retried); a server that cannot be reached is left to the
- * backend, which reports it as BackendUnavailableError on each call.
- */
-async function checkRedisDb(url: string, db: number): Promise<void> {
-  const { Redis } = await import('ioredis');
-  const probe = new Redis(url, {
-    lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => null,
-    connectTimeout: 2_000, commandTimeout: 2_000,
-  });
-  probe.on('error', () => {});
-  try {
-    await probe.connect();
-    await probe.call('SELECT', String(db));
-  } catch (error) {
-    if ((error as Error).name === 'ReplyError') {
-      throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} selects database ${db}, which the server refuses: ${(error as Error).message}`, { cause: error });
-    }
-  } finally {
-    probe.disconnect();
-  }
 }
 
 /** `scheme://h1:p1,h2:p2` → ['h1:p1', 'h2:p2'], each checked to be host:port. */

@@ -20,7 +20,12 @@ import { isWakeCursor, WakeHub } from './wake-hub.js';
 export { REDIS_LIBRARY };
 
 export interface RedisBackendOptions {
-  /** `redis://…` or `rediss://…`; leasehold opens (and closes) its own ioredis connections. Give this or `client`. */
+  /**
+   * `redis://…` or `rediss://…`; leasehold opens (and closes) its own ioredis connections. Give this
+   * or `client`. A database in the path (`/N`) or in `?db=N` must be a number, and the server must
+   * have it: checked on first use (InvalidArgumentError), since Redis would otherwise carry on in
+   * database 0.
+   */
   url?: string;
   /**
    * An ioredis (`Redis` or `Cluster`) or node-redis client you already have; it stays yours (never
@@ -105,13 +110,22 @@ export const REDIS_DEFAULTS = Object.freeze({
  * backend's calls fail on its closed connection.
  */
 export function redisBackend(options: RedisBackendOptions): Backend {
+  return openRedisBackend(options, 'options.url');
+}
+
+/** The backend of a `redis://` URL given to `createLocks({ url })` (or LEASEHOLD_URL): errors about the URL name `url`. */
+export function redisBackendFromUrl(url: string): Backend {
+  return openRedisBackend({ url }, 'url');
+}
+
+function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Backend {
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['url', 'client', 'prefix', 'sessions', 'commandTimeoutMs', 'retainMs'], 'options');
   if ((o.url === undefined) === (o.client === undefined)) throw new InvalidArgumentError('options', 'give exactly one of url or client');
   const prefix = o.prefix === undefined ? REDIS_DEFAULTS.prefix : checkKeyPrefix(o.prefix, 'options.prefix');
   const commandTimeoutMs = o.commandTimeoutMs === undefined ? REDIS_DEFAULTS.commandTimeoutMs : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, MAX_DURATION_MS);
   const retainMs = o.retainMs === undefined ? REDIS_DEFAULTS.retainMs : checkInteger(o.retainMs, 'options.retainMs', 60_000, MAX_DURATION_MS);
-  const conn = o.url !== undefined ? connectUrl(o.url, 'options.url') : wrapClient(o.client, 'options.client');
+  const conn = o.url !== undefined ? connectUrl(o.url, urlArgument) : wrapClient(o.client, 'options.client');
   const withSessions = o.sessions === undefined ? !conn.isCluster : checkBoolean(o.sessions, 'options.sessions');
 
   const deadlines = new Deadlines(commandTimeoutMs, 'redis');

@@ -1,6 +1,6 @@
 import { Redis, type RedisOptions } from '../driver.js';
 import { InvalidArgumentError } from '../../core/errors.js';
-import { hasErrorClass } from '../errors.js';
+import { hasErrorClass, replyCode } from '../errors.js';
 import { quiet, settleWithin, within } from './bounded.js';
 import { CLOSE_TIMEOUT_MS, type Conn, type IoredisLike } from './types.js';
 
@@ -26,15 +26,19 @@ export const CLIENT_DEFAULTS: Readonly<RedisOptions> = Object.freeze({
   retryStrategy: (attempt: number) => Math.min(25 * 2 ** Math.min(attempt, 10), 1_000),
 });
 
-/** An ioredis client of our own for `url` ({@link CLIENT_DEFAULTS}); `argument` names the URL in errors. */
-export function openIoredis(url: string, argument: string): Conn {
+/**
+ * An ioredis client of our own for `url` ({@link CLIENT_DEFAULTS}). `db` is the database the URL
+ * selects: when it is not 0 the connection asks for it once more before its first command (see
+ * {@link ioredisConn}); `argument` names the URL in errors.
+ */
+export function openIoredis(url: string, db: number, argument: string): Conn {
   let client: Redis;
   try {
     client = new Redis(url, { ...CLIENT_DEFAULTS });
   } catch (cause) {
     throw new InvalidArgumentError(argument, `cannot use ${JSON.stringify(url)}: ${(cause as Error).message}`, { cause });
   }
-  return ioredisConn(client as unknown as IoredisLike, true);
+  return ioredisConn(client as unknown as IoredisLike, true, db > 0 ? { db, argument } : undefined);
 }
 
 /**
@@ -58,8 +62,38 @@ async function closeIoredis(client: IoredisLike, timeoutMs: number): Promise<voi
   if (client.status !== 'end') client.disconnect();
 }
 
-/** A {@link Conn} over an ioredis client; `owned`: we opened it (and close it). */
-export function ioredisConn(client: IoredisLike, owned: boolean): Conn {
+/**
+ * Redis answers a SELECT of a database it does not have (beyond its `databases` setting, 16 by
+ * default) with an error that ioredis only emits as an event, and then runs every command in
+ * database 0. So a connection of ours whose URL names a database asks for it once more, itself,
+ * before its first command: an error reply is the URL's fault (InvalidArgumentError naming
+ * `argument`, not retried, and every later call fails the same way); a connection that fails
+ * instead is the server's trouble (the call fails as any other would, and the next one asks again).
+ */
+function databaseCheck(client: IoredisLike, db: number, argument: string): () => Promise<void> | undefined {
+  let refused: InvalidArgumentError | undefined;
+  let passed = false;
+  let checking: Promise<void> | undefined;
+  return () => {
+    if (passed) return undefined;
+    if (refused) return Promise.reject(refused);
+    return (checking ??= client.call('SELECT', String(db)).then(
+      () => {
+        passed = true;
+        checking = undefined;
+      },
+      (error: unknown) => {
+        checking = undefined;
+        if (replyCode(error) === undefined) throw error;
+        refused = new InvalidArgumentError(argument, `it selects database ${db}, which the server refuses: ${(error as Error).message}`, { cause: error });
+        throw refused;
+      },
+    ));
+  };
+}
+
+/** A {@link Conn} over an ioredis client; `owned`: we opened it (and close it); `select`: the database its URL names (checked on first use). */
+export function ioredisConn(client: IoredisLike, owned: boolean, select?: { db: number; argument: string }): Conn {
   let everReady = client.status === 'ready';
   /** Callers waiting for the first connection (one shared promise, settled by the listeners below). */
   let waiting: { promise: Promise<void>; resolve: () => void; reject: (error: Error) => void } | undefined;
@@ -88,15 +122,16 @@ export function ioredisConn(client: IoredisLike, owned: boolean): Conn {
   // The first connection was refused or dropped before it was ready: its waiters fail now, not at their deadline.
   client.on('close', () => settleWaiting(down('closed')));
   client.on('end', () => settleWaiting(down('ended')));
+  const checkDatabase = select === undefined ? () => undefined : databaseCheck(client, select.db, select.argument);
 
   /**
    * Before the first connection, waits for it (bounded by the caller's deadline) unless it is
    * refused or closed (then fails at once, with the driver's error); after that, a connection that
-   * is not ready fails at once.
+   * is not ready fails at once. Until the database check passed, it comes first.
    */
   const ready = (): Promise<void> | undefined => {
     const status = client.status;
-    if (status === undefined || status === 'ready') return undefined;
+    if (status === undefined || status === 'ready') return checkDatabase();
     if (status === 'end' || status === 'close' || status === 'reconnecting' || everReady) return Promise.reject(down(status));
     if (!waiting) {
       let resolve!: () => void;
@@ -107,7 +142,7 @@ export function ioredisConn(client: IoredisLike, owned: boolean): Conn {
       });
       waiting = { promise, resolve, reject };
     }
-    return waiting.promise;
+    return select === undefined ? waiting.promise : waiting.promise.then(checkDatabase);
   };
 
   /**

@@ -1,15 +1,20 @@
 import { InvalidArgumentError } from '../../core/errors.js';
 import { describe } from '../../core/validate.js';
+import { redisUrlDatabase } from '../url.js';
 import { ioredisConn, openIoredis } from './ioredis.js';
 import { nodeRedisConn } from './node-redis.js';
 import type { Conn, IoredisLike, NodeRedisLike } from './types.js';
 
-/** A connection of our own to `url` (an ioredis client with CLIENT_DEFAULTS, closed by the backend); `argument` names the URL in errors. */
+/**
+ * A connection of our own to `url` (an ioredis client with CLIENT_DEFAULTS, closed by the backend).
+ * A database in the URL (`/N`, `?db=N`) is checked now to be a number and on first use to exist.
+ * `argument` names the URL in errors.
+ */
 export function connectUrl(url: unknown, argument = 'url'): Conn {
   if (typeof url !== 'string' || !/^rediss?:\/\//i.test(url)) {
     throw new InvalidArgumentError(argument, `expected a redis:// or rediss:// URL, got ${describe(url)}`);
   }
-  return openIoredis(url, argument);
+  return openIoredis(url, redisUrlDatabase(url, argument), argument);
 }
 
 /** Wraps a client the user passed in (it stays theirs); throws InvalidArgumentError when it has neither shape. */
