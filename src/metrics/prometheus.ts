@@ -1,6 +1,7 @@
 import type { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
-import type { Fence } from '../core/fence.js';
+import type { Fence, FenceWriteOptions } from '../core/fence.js';
+import type { TokenInput } from '../core/token.js';
 import type { Locks } from '../core/locks.js';
 import { checkObject, checkKnownOptions, describe } from '../core/validate.js';
 import { loadPeer } from './peer.js';
@@ -121,7 +122,7 @@ export function instrumentLocks(locks: Locks, options: InstrumentLocksOptions): 
  * `refused` (StaleTokenError: a zombie was stopped) or `error` (anything else: the store failed,
  * `mutate` threw, a bad token). Returns a fence that counts and otherwise behaves as `fence`.
  */
-export function instrumentFence<F extends Fence<never>>(fence: F, options: InstrumentFenceOptions): F {
+export function instrumentFence<F extends AnyFence>(fence: F, options: InstrumentFenceOptions): F {
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['registry', 'name'], 'options');
   if (typeof o.name !== 'string' || o.name.length === 0 || o.name.length > 100) {
@@ -205,4 +206,9 @@ function seriesOf(registry: unknown): Series {
   };
   byRegistry.set(reg, series);
   return series;
+}
+
+/** Any fence, whatever its transaction type (the mutate callback is only passed through). */
+interface AnyFence {
+  write(resource: string, token: TokenInput, mutate: never, options?: FenceWriteOptions): Promise<unknown>;
 }

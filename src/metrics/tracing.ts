@@ -1,6 +1,7 @@
 import type { Span, Tracer } from '@opentelemetry/api';
 import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
-import type { Fence } from '../core/fence.js';
+import type { Fence, FenceWriteOptions } from '../core/fence.js';
+import type { TokenInput } from '../core/token.js';
 import type { Locks } from '../core/locks.js';
 import { toToken } from '../core/token.js';
 import { checkKnownOptions, checkObject, describe } from '../core/validate.js';
@@ -77,7 +78,7 @@ export function traceLocks(locks: Locks, options?: TraceLocksOptions): () => voi
  * `leasehold.fence`, `leasehold.resource`, `leasehold.token` and `leasehold.outcome` (accepted,
  * refused, error). Otherwise it behaves as `fence`.
  */
-export function traceFence<F extends Fence<never>>(fence: F, options: TraceFenceOptions): F {
+export function traceFence<F extends AnyFence>(fence: F, options: TraceFenceOptions): F {
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['tracer', 'name'], 'options');
   if (typeof o.name !== 'string' || o.name.length === 0) throw new InvalidArgumentError('options.name', `expected the fence's name, got ${describe(o.name)}`);
@@ -126,4 +127,9 @@ function checkTracer(tracer: unknown): Tracer | undefined {
     throw new InvalidArgumentError('options.tracer', `expected an OpenTelemetry Tracer, got ${describe(tracer)}`);
   }
   return tracer as Tracer;
+}
+
+/** Any fence, whatever its transaction type (the mutate callback is only passed through). */
+interface AnyFence {
+  write(resource: string, token: TokenInput, mutate: never, options?: FenceWriteOptions): Promise<unknown>;
 }

@@ -24,7 +24,7 @@ export interface SqliteBackendOptions {
 }
 
 /** How often a waiting process checks `PRAGMA data_version` for commits made by other processes. */
-const CHANGE_POLL_MS = 20;
+const CHANGE_POLL_MS = 5;
 /** Our connection's own busy timeout: short, so a busy database never blocks the event loop for long (retries are async). */
 const BUSY_TIMEOUT_MS = 100;
 
@@ -92,6 +92,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
   const SET_DELAY = `UPDATE ${tokensT} SET delay_until = ?, delay_epoch = ? WHERE key = ?`;
   const PURGE_WAITERS = `DELETE FROM ${waitersT} WHERE key = ? AND (expires_at <= ? OR epoch <> ?)`;
   const SELECT_WAITERS = `SELECT owner, mode FROM ${waitersT} WHERE key = ? ORDER BY seq`;
+  /** Every queue place of the key, with its expiry: the read-only look of a waiter asking again. */
+  const SELECT_PLACES = `SELECT owner, mode, expires_at, epoch FROM ${waitersT} WHERE key = ? ORDER BY seq`;
   const ENQUEUE = `INSERT INTO ${waitersT} (key, owner, mode, seq, expires_at, epoch)
     VALUES (@key, @owner, @mode, (SELECT coalesce(max(seq), 0) + 1 FROM ${waitersT} WHERE key = @key), @expiresAt, @epoch)
     ON CONFLICT (key, owner) DO UPDATE SET expires_at = excluded.expires_at`;
@@ -123,7 +125,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       throw mapError('open', error);
     }));
 
-  type Prepared = Record<'selectHolders' | 'deleteHolder' | 'deleteHolderWithToken' | 'insertHolder' | 'renewHolder' | 'selectTokenRow' | 'nextToken' | 'setDelay' | 'purgeWaiters' | 'selectWaiters' | 'enqueue' | 'dequeue' | 'listKeys' | 'countWaiters', ReturnType<SqliteDatabase['prepare']>>;
+  type Prepared = Record<'selectHolders' | 'deleteHolder' | 'deleteHolderWithToken' | 'insertHolder' | 'renewHolder' | 'selectTokenRow' | 'nextToken' | 'setDelay' | 'purgeWaiters' | 'selectWaiters' | 'selectPlaces' | 'enqueue' | 'dequeue' | 'listKeys' | 'countWaiters', ReturnType<SqliteDatabase['prepare']>>;
   let prepared: Prepared | undefined;
   const st = (): Prepared =>
     (prepared ??= {
@@ -137,6 +139,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       setDelay: db.prepare(SET_DELAY),
       purgeWaiters: db.prepare(PURGE_WAITERS),
       selectWaiters: db.prepare(SELECT_WAITERS),
+      selectPlaces: db.prepare(SELECT_PLACES).safeIntegers(true),
       enqueue: db.prepare(ENQUEUE),
       dequeue: db.prepare(DEQUEUE),
       listKeys: db.prepare(LIST_KEYS),
@@ -201,7 +204,43 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       s.dequeue.run(req.key, req.owner);
       return { granted: true, token, ttlMs: req.ttlMs };
     }
-    if (req.queue) s.enqueue.run({ key: req.key, owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs, epoch });
+    if (req.queue) {
+      // A fresh place is left as it is: refreshing it on every ask would be a commit that wakes every other waiter.
+      const place = waiters.find((w) => w.owner === req.owner) as { owner: string } | undefined;
+      const fresh = place && Number((s.selectPlaces.all(req.key) as { owner: string; expires_at: bigint }[]).find((w) => w.owner === req.owner)?.expires_at ?? 0) - now >= req.queueTtlMs / 2;
+      if (!fresh) s.enqueue.run({ key: req.key, owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs, epoch });
+    }
+    let soonest = delayUntil > now ? delayUntil : Infinity;
+    for (const h of holders) soonest = Math.min(soonest, Math.max(Number(h.expires_at), delayUntil));
+    const busy = { granted: false as const, holder: holders[0]?.holder };
+    return soonest === Infinity ? busy : { ...busy, retryInMs: Math.max(0, soonest - now) };
+  };
+
+  /**
+   * A queued waiter asking again (woken by someone's commit, or core's periodic check) first looks
+   * without writing: while it cannot be granted and its place is fresh, it is answered busy from a
+   * read, with no write lock and no commit. Without this every commit woke every waiter into a
+   * write transaction whose commit woke all the others again (8 processes: 9–16 fsyncs per
+   * contended section, bench/README.md). Undefined means "needs the write transaction": it can be
+   * granted, it holds already, something expired (purge writes, and starts lock-delay), or its
+   * place is missing or past half of its time.
+   */
+  const peekTx = (req: AcquireRequest): AcquireResult | undefined => {
+    if (!req.queue) return undefined;
+    const s = st();
+    const now = clock.now();
+    const epoch = clock.epoch;
+    const holders = s.selectHolders.all(req.key) as HolderRow[];
+    if (holders.some((h) => h.owner === req.owner || h.epoch !== epoch || Number(h.expires_at) <= now)) return undefined;
+    const places = s.selectPlaces.all(req.key) as { owner: string; mode: LockMode; expires_at: bigint; epoch: string }[];
+    if (places.some((w) => w.epoch !== epoch || Number(w.expires_at) <= now)) return undefined;
+    const mine = places.findIndex((w) => w.owner === req.owner);
+    if (mine < 0 || Number(places[mine]!.expires_at) - now < req.queueTtlMs / 2) return undefined;
+    const t = s.selectTokenRow.get(req.key) as { delay_until: bigint; delay_epoch: string } | undefined;
+    const delayUntil = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
+    const compatible = holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared'));
+    const clearAhead = places.slice(0, mine).every((w) => req.mode === 'shared' && w.mode === 'shared');
+    if (compatible && now >= delayUntil && clearAhead) return undefined;
     let soonest = delayUntil > now ? delayUntil : Infinity;
     for (const h of holders) soonest = Math.min(soonest, Math.max(Number(h.expires_at), delayUntil));
     const busy = { granted: false as const, holder: holders[0]?.holder };
@@ -257,7 +296,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     name: 'sqlite',
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
 
-    acquire: (req) => run('acquire', () => db.transaction(acquireTx).immediate(req)),
+    acquire: (req) => run('acquire', () => db.transaction(peekTx).deferred(req) ?? db.transaction(acquireTx).immediate(req)),
 
     async renew(req: RenewRequest): Promise<RenewResult> {
       return run('renew', () => {

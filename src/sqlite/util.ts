@@ -8,7 +8,7 @@ export interface SqliteDatabase {
   exec(source: string): unknown;
   pragma(source: string, options?: { simple?: boolean }): unknown;
   // biome-ignore lint/suspicious/noExplicitAny: matches better-sqlite3's own variadic typing
-  transaction(fn: (...args: any[]) => any): { (...args: any[]): any; immediate(...args: any[]): any };
+  transaction(fn: (...args: any[]) => any): { (...args: any[]): any; immediate(...args: any[]): any; deferred(...args: any[]): any };
   close(): unknown;
   readonly open: boolean;
   readonly inTransaction: boolean;
