@@ -24,7 +24,7 @@ const BACKENDS = {
 };
 const backendNames = Object.keys(BACKENDS).join('|');
 const peers = Object.values(BACKENDS).flatMap((b) => (b.peer ? [b.peer] : []));
-const escape = (name) => name.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+const escapeRegExp = (name) => name.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
 
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
@@ -60,7 +60,7 @@ module.exports = {
       from: { path: `^src/${backend}/` },
       to: {
         dependencyTypesNot: ['core', 'local'],
-        ...(packages.length > 0 ? { pathNot: `node_modules/(${packages.map(escape).join('|')})/` } : {}),
+        ...(packages.length > 0 ? { pathNot: `node_modules/(${packages.map(escapeRegExp).join('|')})/` } : {}),
       },
     })),
     {
@@ -70,7 +70,7 @@ module.exports = {
         'Optional peer drivers (' + peers.join(', ') + ') are loaded by src/<backend>/driver.ts only, which turns a missing package into an ' +
         'InvalidArgumentError naming it; elsewhere import the driver\'s values from ./driver.js (type-only imports are erased and fine).',
       from: { path: '^src/', pathNot: `^src/(${backendNames})/driver\\.ts$` },
-      to: { path: `node_modules/(${peers.map(escape).join('|')})/`, dependencyTypesNot: ['type-only'] },
+      to: { path: `node_modules/(${peers.map(escapeRegExp).join('|')})/`, dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'util-imports-core-only',

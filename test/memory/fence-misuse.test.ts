@@ -19,6 +19,7 @@ describe('memoryFence misuse', () => {
     const fence = memoryFence();
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
+    // biome-ignore lint/suspicious/noThenProperty: a thenable is what this test hands the fence
     const write = fence.write('r', 3n, () => ({ then: (ok: (v: string) => void) => void gate.then(() => ok('done')) }) as unknown as string);
     await new Promise((resolve) => setImmediate(resolve));
     expect(await fence.highest('r')).toBeNull();

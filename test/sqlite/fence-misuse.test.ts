@@ -72,6 +72,7 @@ describe('sqliteFence misuse', () => {
     const { db, fence, data } = setup();
     const e = await fence.write('r', 1n, (tx) => {
       ins(tx, 1);
+      // biome-ignore lint/suspicious/noThenProperty: a thenable is what this test hands the fence
       return { then: (ok: (v: number) => void) => ok(1) } as unknown as number;
     }).catch((x: unknown) => x);
     expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });

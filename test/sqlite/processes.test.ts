@@ -132,7 +132,7 @@ describe('processes racing through the SQLite fence without a lease', () => {
     const plan: { resource: string; token: string }[][] = Array.from({ length: WORKERS }, () => []);
     for (const resource of RESOURCES) {
       const tokens = shuffle(Array.from({ length: WORKERS * PER_RESOURCE }, (_, i) => i + 1));
-      tokens.forEach((t, i) => plan[i % WORKERS]!.push({ resource, token: String(t) }));
+      for (const [i, t] of tokens.entries()) plan[i % WORKERS]!.push({ resource, token: String(t) });
     }
     return plan.map((p, w) => (w % 2 === 0 ? shuffle(p).sort((a, b) => Number(a.token) - Number(b.token)) : shuffle(p)));
   };
