@@ -66,9 +66,7 @@ module.exports = {
     {
       name: 'peer-driver-through-driver-ts',
       severity: 'error',
-      comment:
-        'Optional peer drivers (' + peers.join(', ') + ') are loaded by src/<backend>/driver.ts only, which turns a missing package into an ' +
-        'InvalidArgumentError naming it; elsewhere import the driver\'s values from ./driver.js (type-only imports are erased and fine).',
+      comment: `Optional peer drivers (${peers.join(', ')}) are loaded by src/<backend>/driver.ts only, which turns a missing package into an InvalidArgumentError naming it; elsewhere import the driver's values from ./driver.js (type-only imports are erased and fine).`,
       from: { path: '^src/', pathNot: `^src/(${backendNames})/driver\\.ts$` },
       to: { path: `node_modules/(${peers.map(escapeRegExp).join('|')})/`, dependencyTypesNot: ['type-only'] },
     },
@@ -82,14 +80,14 @@ module.exports = {
     {
       name: 'testing-imports-core-and-vitest-only',
       severity: 'error',
-      comment: 'leasehold/testing runs the conformance suites for any backend, a third party\'s too: it imports core, itself and vitest.',
+      comment: "leasehold/testing runs the conformance suites for any backend, a third party's too: it imports core, itself and vitest.",
       from: { path: '^src/testing/' },
       to: { pathNot: ['^src/core/', '^src/testing/', 'node_modules/vitest/'], dependencyTypesNot: ['core'] },
     },
     {
       name: 'verify-imports-no-cli',
       severity: 'error',
-      comment: 'verify returns results; mapping them to exit codes and output is the command line\'s job (shared helpers live in src/util).',
+      comment: "verify returns results; mapping them to exit codes and output is the command line's job (shared helpers live in src/util).",
       from: { path: '^src/verify/' },
       to: { path: '^src/cli/' },
     },

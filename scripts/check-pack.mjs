@@ -136,7 +136,10 @@ try {
   if (example !== undefined) {
     writeFileSync(join(app, 'example.mjs'), example);
     const r = run(process.execPath, ['example.mjs'], app, { LEASEHOLD_URL: '' });
-    check(r.status === 0 && r.stdout === 'document 42, recomputed\n', `the README's SQLite example printed ${JSON.stringify(r.stdout)} (exit ${r.status}): ${r.stderr}`);
+    check(
+      r.status === 0 && r.stdout === 'document 42, recomputed\n',
+      `the README's SQLite example printed ${JSON.stringify(r.stdout)} (exit ${r.status}): ${r.stderr}`,
+    );
   }
   const bin = join(app, 'node_modules', '.bin', 'leasehold');
   const cli = run(bin, ['run', 'pack-check', '--url', 'sqlite:./cli.db', '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)'], app);
@@ -179,7 +182,8 @@ try {
       const ways = [[`import('${d.entry}') and use it`, d.viaImport]];
       if (d.url !== null) ways.push([`createLocks({ url: '${d.url}' })`, d.viaUrl]);
       for (const [how, e] of ways) {
-        const ok = e.name === 'InvalidArgumentError' && e.code === 'INVALID_ARGUMENT' && e.argument === 'dependency' && e.message.includes(`npm install ${d.pkg}`);
+        const ok =
+          e.name === 'InvalidArgumentError' && e.code === 'INVALID_ARGUMENT' && e.argument === 'dependency' && e.message.includes(`npm install ${d.pkg}`);
         check(ok, `${how} without ${d.pkg}: expected InvalidArgumentError naming ${d.pkg}, got ${e.name}: ${e.message}`);
         if (ok) console.log(`check-pack: ${how}: ${e.message}`);
       }

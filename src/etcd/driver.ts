@@ -11,8 +11,14 @@ import { requirePeer } from '../core/peer.js';
 const driver = requirePeer<typeof Etcd3Module>(createRequire(import.meta.url), 'etcd3', 'leasehold/etcd');
 
 export const {
-  Etcd3, ClientClosedError, EtcdLeaseInvalidError, GRPCDeadlineExceededError, GRPCInvalidArgumentError, GRPCOutOfRangeError,
-  castGrpcError, isRecoverableError,
+  Etcd3,
+  ClientClosedError,
+  EtcdLeaseInvalidError,
+  GRPCDeadlineExceededError,
+  GRPCInvalidArgumentError,
+  GRPCOutOfRangeError,
+  castGrpcError,
+  isRecoverableError,
 } = driver;
 export type Etcd3 = Etcd3Module.Etcd3;
 export type ClientClosedError = Etcd3Module.ClientClosedError;
