@@ -8,6 +8,7 @@ import type { Locks } from '../core/locks.js';
 import { createLocks } from '../index.js';
 import { sqliteFence, type SqliteDatabase } from '../sqlite/index.js';
 import { backendLoader, redact } from '../connect.js';
+import { startDashboard, type RunningDashboard } from '../dashboard/server.js';
 import { formatDuration } from '../util/duration.js';
 import { ChildWorker, onStopSignals, signalExitCode, waitUntilStopped } from '../util/process.js';
 import { sleep } from '../util/sleep.js';
@@ -23,6 +24,12 @@ export interface DemoOptions {
   dir: string | undefined;
   /** The coordinator the workers take their leases from. @default a SQLite file in the demo's directory */
   url?: string | undefined;
+  /**
+   * Serve the dashboard of the demo's lease store while it runs: the demo waits up to
+   * `waitForViewerMs` for a page to connect before it starts, and keeps serving after its verdict
+   * until SIGINT or SIGTERM.
+   */
+  dashboard?: { host: string; port: number; waitForViewerMs: number } | undefined;
 }
 
 /** The lease both workers take, and the document (and fence resource) it protects. */
@@ -126,6 +133,7 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
 
   let data: Database.Database | undefined;
   let coordinator: Locks | undefined;
+  let dashboard: RunningDashboard | undefined;
   try {
     data = new Database(dataDb, { timeout: 5_000 });
     data.pragma('journal_mode = WAL');
@@ -144,6 +152,12 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
       ...(mutant ? [`  ${DEMO_MUTANT_ENV}=unfenced-a: in run 2, worker A bypasses the fence (the verdict must catch this)`] : []),
     ]);
 
+    if (o.dashboard) {
+      dashboard = await startDashboard({ locks: coordinator, host: o.dashboard.host, port: o.dashboard.port, title: 'leasehold demo — the zombie worker', pollMs: 100 });
+      print(out, [`  dashboard: ${dashboard.url} (open it to watch the take-over; the demo starts when a page connects, or in ${formatDuration(o.dashboard.waitForViewerMs)})`]);
+      await dashboard.viewer(o.dashboard.waitForViewerMs);
+    }
+
     const unfenced = await scenario(ctx, { title: 'Run 1: without a fence (each worker saves with a plain UPDATE)', fenced: false, writes: { A: 'plain', B: 'plain' } });
     const fenced = await scenario(ctx, {
       title: `Run 2: with a fence (each worker saves with sqliteFence(db).write("${DEMO_DOC}", lease.token, ...))`,
@@ -160,11 +174,22 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
         ]
       : ['', 'Result: FAILED: the fenced run did not keep B\'s result (see its verdict above).']);
     if (!fenced.expected) throw new CliExit(EXIT.FAILURE, `demo failed: ${fenced.why ?? 'the fenced run did not keep B\'s result'}`);
+    if (dashboard) {
+      print(out, ['', `The dashboard is still at ${dashboard.url} with the timeline of both runs: Ctrl-C to stop.`]);
+      offSignals();
+      await new Promise<void>((resolve) => {
+        const off = onStopSignals(() => {
+          off();
+          resolve();
+        });
+      });
+    }
     return EXIT.OK;
   } finally {
     killAll();
     offSignals();
     process.off('exit', killAll);
+    await dashboard?.close().catch(() => {});
     await coordinator?.close().catch(() => {});
     data?.close();
     removeDir();

@@ -4,7 +4,8 @@
  *
  * - `leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
  * - `leasehold ls [PREFIX] [--url URL] [--json]`
- * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]`
+ * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--port 7071]`
+ * - `leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]`
  * - `leasehold verify --url URL [--fence KIND] [--workers 3] [--duration 30s] [--ttl 1s] [--seed S] [--nemesis LIST] [--no-fence] [--report DIR]`
  *
  * Every expected failure is one line on stderr (`leasehold: …`) and an exit code from
@@ -19,6 +20,7 @@ import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
 import { formatDuration, parseDuration } from '../util/duration.js';
 import { sleep } from '../util/sleep.js';
 import { MAX_SEED, NEMESES, STORE_KINDS, VERIFY_LIMITS, type NemesisKind, type StoreKind } from '../verify/index.js';
+import { runDashboardCommand } from './dashboard.js';
 import { runDemo } from './demo.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
 import { listLeases } from './ls.js';
@@ -26,10 +28,11 @@ import { runCommand } from './run.js';
 import { verifyCommand } from './verify.js';
 
 const USAGE = Object.freeze({
-  program: 'leasehold <run|ls|demo|verify> [options]   (leasehold --help)',
+  program: 'leasehold <run|ls|demo|verify|dashboard> [options]   (leasehold --help)',
   run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
   ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
-  demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL]',
+  demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--host 127.0.0.1] [--port 7071]',
+  dashboard: 'leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]',
   verify:
     'leasehold verify --url URL [--fence sqlite|postgres|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--report DIR]',
 });
@@ -151,9 +154,40 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')))
     .option('--dir <dir>', 'keep the lease and data files in DIR (default: a temporary directory, removed afterwards)')
     .addOption(new Option('--url <url>', 'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)'))
+    .option('--dashboard', 'serve the live dashboard of the lease store: the demo starts when a page connects (or after 30 s) and the page stays up after it, until Ctrl-C')
+    .addOption(new Option('--host <host>', 'the dashboard\'s address (with --dashboard)').default('127.0.0.1'))
+    .addOption(new Option('--port <port>', 'the dashboard\'s port, 0 for any free one (with --dashboard)').default(7071).argParser(integerOption(0, 65_535)))
     .action(
-      action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string; url?: string }) =>
-        runDemo({ ttlMs: opts.ttl, pauseMs: opts.pause, dir: opts.dir, url: opts.url }, process.stdout, USAGE.demo),
+      action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string; url?: string; dashboard?: boolean; host: string; port: number }) =>
+        runDemo(
+          {
+            ttlMs: opts.ttl,
+            pauseMs: opts.pause,
+            dir: opts.dir,
+            url: opts.url,
+            dashboard: opts.dashboard ? { host: opts.host, port: opts.port, waitForViewerMs: 30_000 } : undefined,
+          },
+          process.stdout,
+          USAGE.demo,
+        ),
+      ),
+    );
+
+  guard(program.command('dashboard'), USAGE.dashboard)
+    .summary('serve a live page of holders, tokens, waiters and changes')
+    .description(
+      'Serves a web page (on loopback by default) that shows, live, every key under --prefix on the coordinator at --url: mode, holders ' +
+        'with their labels and tokens, time left, waiters, lock-delay, the last token, and a timeline of grants, releases, expiries and ' +
+        'take-overs. It reads the coordinator every 250 ms and pushes changes to the page (Server-Sent Events). Nothing secret is shown.\n\n' +
+        'Runs until SIGINT or SIGTERM (exit 0); exits 69 when the coordinator cannot be reached or the port cannot be used, 64 for bad arguments.',
+    )
+    .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
+    .addOption(new Option('--prefix <prefix>', 'only keys starting with this').default(''))
+    .addOption(new Option('--host <host>', 'the address to listen on (the page shows who holds what: keep it on loopback unless you mean it)').default('127.0.0.1'))
+    .addOption(new Option('--port <port>', 'the port, 0 for any free one').default(7071).argParser(integerOption(0, 65_535)))
+    .action(
+      action(USAGE.dashboard, async (opts: { url?: string; prefix: string; host: string; port: number }) =>
+        runDashboardCommand({ url: opts.url, prefix: opts.prefix, host: opts.host, port: opts.port }, (line) => process.stdout.write(`${line}\n`)),
       ),
     );
 

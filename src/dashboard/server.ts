@@ -2,7 +2,8 @@ import type { FastifyInstance } from 'fastify';
 import type { Locks } from '../core/locks.js';
 import { dashboardPage } from './page.js';
 import { Watcher, type WatchListener } from './watch.js';
-import { loadPeer } from '../metrics/peer.js';
+import { createRequire } from 'node:module';
+import { requirePeer } from '../core/peer.js';
 
 export interface DashboardOptions {
   /** The client whose coordinator is shown (`locks.inspect`): any backend. */
@@ -25,7 +26,7 @@ const HEARTBEAT_MS = 15_000;
  * Nothing secret is shown: `inspect` carries labels and tokens, never owner ids. Returns the
  * watcher (stopped when the fastify instance closes).
  */
-export function dashboardRoutes(app: FastifyInstance, options: DashboardOptions): Watcher {
+export function dashboardRoutes(app: FastifyInstance, options: DashboardOptions & { onViewer?: () => void }): Watcher {
   const locks = options.locks;
   const watcher = new Watcher({ inspect: (p) => locks.inspect(p), prefix: options.prefix ?? '', pollMs: options.pollMs ?? 250 });
   const page = dashboardPage(options.title);
@@ -43,6 +44,7 @@ export function dashboardRoutes(app: FastifyInstance, options: DashboardOptions)
       res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
     };
     send('snapshot', { snapshot: watcher.snapshot, history: watcher.history });
+    options.onViewer?.();
     const listener: WatchListener = (update) => send('update', update);
     const off = watcher.on(listener);
     const heartbeat = setInterval(() => res.write(': keep-alive\n\n'), HEARTBEAT_MS);
@@ -63,11 +65,41 @@ export interface StartDashboardOptions extends DashboardOptions {
 }
 
 /** Serves the dashboard on its own fastify server (`leasehold dashboard`). fastify is an optional peer dependency. */
-export async function startDashboard(options: StartDashboardOptions): Promise<{ url: string; close(): Promise<void> }> {
-  const fastify = loadPeer<typeof import('fastify')>('fastify', 'the dashboard');
+export interface RunningDashboard {
+  /** `http://host:port/` */
+  readonly url: string;
+  /** Resolves true when a page has connected (now or before), false after `ms` without one. */
+  viewer(ms: number): Promise<boolean>;
+  close(): Promise<void>;
+}
+
+export async function startDashboard(options: StartDashboardOptions): Promise<RunningDashboard> {
+  const fastify = requirePeer<typeof import('fastify')>(createRequire(import.meta.url), 'fastify', 'the dashboard');
   // forceCloseConnections: open event streams would otherwise keep close() waiting.
   const app = fastify.default({ logger: false, forceCloseConnections: true });
-  dashboardRoutes(app, options);
+  let seen = false;
+  const waiting = new Set<(seen: boolean) => void>();
+  dashboardRoutes(app, {
+    ...options,
+    onViewer: () => {
+      seen = true;
+      for (const resolve of waiting) resolve(true);
+      waiting.clear();
+    },
+  });
   const address = await app.listen({ host: options.host ?? '127.0.0.1', port: options.port ?? 7071 });
-  return { url: `${address}/`, close: () => app.close() };
+  return {
+    url: `${address}/`,
+    viewer: (ms) =>
+      seen
+        ? Promise.resolve(true)
+        : new Promise<boolean>((resolve) => {
+            waiting.add(resolve);
+            setTimeout(() => {
+              waiting.delete(resolve);
+              resolve(seen);
+            }, ms).unref();
+          }),
+    close: () => app.close(),
+  };
 }

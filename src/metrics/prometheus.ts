@@ -4,7 +4,8 @@ import type { Fence, FenceWriteOptions } from '../core/fence.js';
 import type { TokenInput } from '../core/token.js';
 import type { Locks } from '../core/locks.js';
 import { checkObject, checkKnownOptions, describe } from '../core/validate.js';
-import { loadPeer } from './peer.js';
+import { createRequire } from 'node:module';
+import { requirePeer } from '../core/peer.js';
 
 /**
  * Buckets of the duration histograms, in seconds: 1 ms … 10 min. A grant on a free key takes a
@@ -155,7 +156,7 @@ function seriesOf(registry: unknown): Series {
   const reg = registry as Registry;
   const existing = byRegistry.get(reg);
   if (existing) return existing;
-  const prom = loadPeer<typeof import('prom-client')>('prom-client', 'leasehold/metrics');
+  const prom = requirePeer<typeof import('prom-client')>(createRequire(import.meta.url), 'prom-client', 'leasehold/metrics');
   const clients = new Set<ClientState>();
   /** The metric of that name on the registry (made by another copy of leasehold, say), else a new one. */
   const get = <M>(name: string, make: () => M): M => (reg.getSingleMetric(name) as M | undefined) ?? make();

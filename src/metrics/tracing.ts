@@ -5,7 +5,8 @@ import type { TokenInput } from '../core/token.js';
 import type { Locks } from '../core/locks.js';
 import { toToken } from '../core/token.js';
 import { checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { loadPeer } from './peer.js';
+import { createRequire } from 'node:module';
+import { requirePeer } from '../core/peer.js';
 
 type OtelApi = typeof import('@opentelemetry/api');
 
@@ -31,7 +32,7 @@ export interface TraceFenceOptions extends TraceLocksOptions {
 export function traceLocks(locks: Locks, options?: TraceLocksOptions): () => void {
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['tracer'], 'options');
-  const api = loadPeer<OtelApi>('@opentelemetry/api', 'leasehold/metrics (tracing)');
+  const api = requirePeer<OtelApi>(createRequire(import.meta.url), '@opentelemetry/api', 'leasehold/metrics (tracing)');
   const tracer = checkTracer(o.tracer) ?? api.trace.getTracer('leasehold');
   /** The caller's span of each lease held now, for its loss. */
   const holders = new Map<string, Span>();
@@ -83,7 +84,7 @@ export function traceFence<F extends AnyFence>(fence: F, options: TraceFenceOpti
   checkKnownOptions(o, ['tracer', 'name'], 'options');
   if (typeof o.name !== 'string' || o.name.length === 0) throw new InvalidArgumentError('options.name', `expected the fence's name, got ${describe(o.name)}`);
   if (!fence || typeof (fence as { write?: unknown }).write !== 'function') throw new InvalidArgumentError('fence', `expected a fence, got ${describe(fence)}`);
-  const api = loadPeer<OtelApi>('@opentelemetry/api', 'leasehold/metrics (tracing)');
+  const api = requirePeer<OtelApi>(createRequire(import.meta.url), '@opentelemetry/api', 'leasehold/metrics (tracing)');
   const tracer = checkTracer(o.tracer) ?? api.trace.getTracer('leasehold');
   const name = o.name;
   const write = fence.write.bind(fence) as Fence<never>['write'];
