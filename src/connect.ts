@@ -21,7 +21,7 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  *
  * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
- * - `etcd://h1:p1,h2:p2` — an etcd cluster
+ * - `etcd://h1:p1,h2:p2` — an etcd cluster (its members' client ports, over http)
  */
 export function backendLoader(url: unknown): () => Promise<Backend> {
   if (typeof url !== 'string' || url.length === 0) throw new InvalidArgumentError('url', `expected a URL string, got ${describe(url)}`);
@@ -52,7 +52,8 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       return async () => (await import('./redis/index.js')).redlockBackend({ urls });
     }
     case 'etcd': {
-      const hosts = hostList(url, 'etcd').map((h) => `http://${h}`);
+      // Bare host:port, which etcdBackend reads as http (as etcd3 and etcdctl do).
+      const hosts = hostList(url, 'etcd');
       return async () => (await import('./etcd/index.js')).etcdBackend({ hosts });
     }
     default:
