@@ -543,7 +543,7 @@ if (serverRounds.length > 0) {
   console.log(`\nserver µs per acquire+release pair, sequential (INFO commandstats, median of ${serverRounds.length}): ${names.map((n) => `${n} ${median(serverRounds.map((r) => r[n])).toFixed(1)}`).join('; ')}`);
   console.log('  functions = leasehold\'s acquire and release on a free key; same redis.calls = the 8 calls they make there, without the logic around them; empty functions = the same arguments, no calls; floor = SET NX PX + compare-and-delete script');
 }
-console.log('\nrenewal cadence: ' + Object.entries(cadences).map(([k, v]) => `${k}: ${v}`).join('; '));
+console.log(`\nrenewal cadence: ${Object.entries(cadences).map(([k, v]) => `${k}: ${v}`).join('; ')}`);
 console.log(`redlock = defaults (retryCount 10, retryDelay 200 ms, retryJitter 100 ms); redlock-1ms = retryDelay 1, retryJitter 1, retryCount -1; floor polls every 1 ms when busy.`);
 admin.disconnect();
 cleanup();
