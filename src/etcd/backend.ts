@@ -262,6 +262,9 @@ class EtcdBackend implements Backend {
 
       let view: View | undefined;
       for (let round = 0; round < MAX_ROUNDS; round++) {
+        // The caller gave up while this call ran (cancelWait deleted the place): nothing more is
+        // written, not even a new place for one the cancel removed (acquire deletes what was).
+        if (nm.cancelled) return { granted: false };
         if (!view) {
           if (round === 0 && p.view?.entries.some((e) => e.key === entryKey)) {
             // A waiter asking again (woken, or core's periodic check): a linearizable read, no write.

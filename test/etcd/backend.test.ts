@@ -8,7 +8,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
 import { AcquireTimeoutError, BackendUnavailableError, ClosedError, InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
-import { etcdBackend } from '../../src/etcd/index.js';
+import { etcdBackend, type EtcdClient } from '../../src/etcd/index.js';
 import { decodePart, encodePart, KeyLayout, parseKey } from '../../src/etcd/keys.js';
 import { startCluster, type Cluster } from '../fixtures/etcd-cluster.mjs';
 import { eventually, sleep, uniqueName } from '../helpers/env.js';
@@ -328,6 +328,44 @@ describe('etcd backend', () => {
     expect(w2.calls).toEqual([{ token: w2.token, session: w2.session }]);
     expect(w3.calls).toEqual([]);
     for (const w of [w1, w2, w3]) w.unsubscribe();
+  });
+
+  it('a waiter that gives up while its call asks again writes no new place after the cancel (its read finds the place gone)', async () => {
+    const k = key('cancel-reask');
+    const h = backend();
+    expect((await h.acquire(request(k, 'holder'))).granted).toBe(true);
+    // The waiter's reads are held back on demand, so its cancel's delete lands before its read.
+    let slowReads = false;
+    const client: EtcdClient = {
+      kv: {
+        txn: (req, options) => etcd.kv.txn(req, options),
+        range: async (req, options) => {
+          if (slowReads) await sleep(300);
+          return etcd.kv.range(req, options);
+        },
+      },
+      leaseClient: etcd.leaseClient,
+      watch: () => etcd.watch(),
+    };
+    const w = etcdBackend({ client, prefix, minTtlMs: 1_000 });
+    opened.push(w);
+    const session = await w.sessions!.open(5_000);
+    const req = request(k, 'waiter', { queue: true, session: session.id });
+    expect((await w.acquire(req)).granted).toBe(false); // a place in the queue
+    const puts: string[] = [];
+    const watcher = await etcd.watch().prefix(new KeyLayout(prefix, k).base).create();
+    watcher.on('put', (kv) => puts.push(kv.key.toString()));
+    try {
+      slowReads = true;
+      const again = w.acquire(req); // woken: asks again, and its read is slow
+      await w.cancelWait!({ key: k, owner: 'waiter' }); // gives up meanwhile: the place is deleted
+      expect(await again).toMatchObject({ granted: false });
+      await sleep(300); // watch events on the wire arrive
+      expect(puts).toEqual([]); // no new place written after the cancel
+      expect((await raw(k)).map((kv) => BigInt(kv.create_revision))).toHaveLength(1); // the holder's alone
+    } finally {
+      await watcher.cancel();
+    }
   });
 
   it('hand-off without a read closes the gap: a release before the watch exists is still handed over', async () => {
