@@ -1,4 +1,4 @@
-import pg from 'pg';
+import * as pg from './driver.js';
 import type {
   AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult,
 } from '../core/backend.js';
