@@ -7,8 +7,9 @@ import net from 'node:net';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
+import { BackendUnavailableError, ClosedError, InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
+import { guardBackend } from '../../src/core/guard.js';
 import { postgresBackend, postgresSchemaSql, type PgPool } from '../../src/postgres/index.js';
 import { eventually, PG_URL, sleep, uniqueName } from '../helpers/env.js';
 
@@ -286,14 +287,14 @@ describe('postgres backend', () => {
     if (!busy.granted) expect(busy.retryInMs).toBeGreaterThan(50_000);
   });
 
-  it('close() wakes subscribed waiters and refuses further calls', async () => {
-    const backend: Backend = postgresBackend({ connectionString: PG_URL, schema });
+  it('close() wakes subscribed waiters, and (through core\'s guard, as Locks uses it) further calls are refused', async () => {
+    const backend: Backend = guardBackend(postgresBackend({ connectionString: PG_URL, schema }));
     let woken = 0;
     await backend.subscribe!('closing', () => woken++);
     await backend.close();
     expect(woken).toBe(1);
     await backend.close(); // idempotent
-    await expect(backend.acquire(request('closing', 'o'))).rejects.toBeInstanceOf(InvalidArgumentError);
+    await expect(backend.acquire(request('closing', 'o'))).rejects.toBeInstanceOf(ClosedError);
   });
 });
 
