@@ -10,7 +10,7 @@
  * running, the request's name), and their rules for each other — a cancel while a call runs, a
  * grant whose answer was lost, a place given up — are only checkable side by side.
  */
-import { Etcd3, type ICompare, type IRequestOp } from 'etcd3';
+import { Etcd3, type ICompare, type IRequestOp } from './driver.js';
 import type {
   AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
 } from '../core/backend.js';

@@ -12,7 +12,7 @@
  * leader is unknown: it moves a broken stream to another member by itself.
  * Measured with eight contending workers on three members: about +8 % sections/s (bench/README.md).
  */
-import { Etcd3, GRPCDeadlineExceededError, castGrpcError, isRecoverableError, type IOptions } from 'etcd3';
+import { Etcd3, GRPCDeadlineExceededError, castGrpcError, isRecoverableError, type IOptions } from './driver.js';
 import { isA, type EtcdClient } from './rpc.js';
 
 /** How often the leader is looked up again: a new leader after an election is found within this. */

@@ -5,7 +5,7 @@
 import {
   ClientClosedError, EtcdLeaseInvalidError, GRPCInvalidArgumentError, GRPCOutOfRangeError, castGrpcError, isRecoverableError,
   type Etcd3, type ICompare, type IKeyValue, type IOptions, type IRequestOp, type ITxnResponse,
-} from 'etcd3';
+} from './driver.js';
 import { BackendUnavailableError, ClosedError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 
 /** What the backend uses of an `Etcd3` client (a root client, not a namespace: use the `prefix` option instead). */

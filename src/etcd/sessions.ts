@@ -9,7 +9,7 @@
  * for the session's ttl + the delay + 1 s and refreshed in the same keep-alive stream right before
  * the session's lease, so a marker outlives the session's entries by at least its delay.
  */
-import { EtcdLeaseInvalidError } from 'etcd3';
+import { EtcdLeaseInvalidError } from './driver.js';
 import type { SessionSupport } from '../core/backend.js';
 import { deadline, isLeaseNotFound, keepAliveOnce, mapError, revoke, type EtcdClient } from './rpc.js';
 
