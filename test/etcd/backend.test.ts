@@ -100,7 +100,7 @@ describe('etcd backend', () => {
     const kvs = await raw(k);
     expect(kvs).toHaveLength(1);
     expect(BigInt(kvs[0]!.create_revision)).toBe(lease.token);
-    expect(kvs[0]!.key.toString()).toBe(new KeyLayout(prefix, k).base + 'q/e/' + kvs[0]!.key.toString().split('/').pop());
+    expect(kvs[0]!.key.toString()).toBe(`${new KeyLayout(prefix, k).base}q/e/${kvs[0]!.key.toString().split('/').pop()}`);
     // attached to a lease (the session's), which etcd reports with this key
     const ttl = await etcd.leaseClient.leaseTimeToLive({ ID: kvs[0]!.lease, keys: true });
     expect(ttl.keys.map((b) => b.toString())).toContain(kvs[0]!.key.toString());

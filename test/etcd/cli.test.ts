@@ -35,7 +35,7 @@ describe('leasehold CLI with --url etcd://', () => {
 
   it('run holds the lease for the command, hands it the token, and says busy (75) to a second run', async () => {
     const key = uniqueName('cli');
-    const first = leasehold(['run', key, '--url', url, '--ttl', '5s', '--', process.execPath, '-e', 'console.log(`token=${process.env.LEASEHOLD_TOKEN}`); setTimeout(() => {}, 1500)']);
+    const first = leasehold(['run', key, '--url', url, '--ttl', '5s', '--', process.execPath, '-e', 'console.log("token=" + process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 1500)']);
     // while the first command runs, ls shows its lease
     let listing = '';
     expect(
@@ -53,7 +53,7 @@ describe('leasehold CLI with --url etcd://', () => {
     const token = /token=(\d+)/.exec(result.stdout)?.[1];
     expect(BigInt(token ?? '0')).toBeGreaterThan(0n);
     // released: the next run gets a higher token
-    const third = await leasehold(['run', key, '--url', url, '--', process.execPath, '-e', 'console.log(`token=${process.env.LEASEHOLD_TOKEN}`)']).done;
+    const third = await leasehold(['run', key, '--url', url, '--', process.execPath, '-e', 'console.log("token=" + process.env.LEASEHOLD_TOKEN)']).done;
     expect(third.code).toBe(0);
     expect(BigInt(/token=(\d+)/.exec(third.stdout)?.[1] ?? '0')).toBeGreaterThan(BigInt(token ?? '0'));
   });
