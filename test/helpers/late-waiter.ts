@@ -9,7 +9,7 @@ import type { Backend } from '../../src/core/backend.js';
 import { AcquireTimeoutError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { DelayProxy } from '../../src/verify/proxy.js';
-import { sleep, uniqueName } from './env.js';
+import { eventually, sleep, uniqueName } from './env.js';
 
 export interface LateWaiterSetup {
   /** The server the proxy forwards to. */
@@ -74,7 +74,11 @@ export async function manyWaitersGiveUpCleanly(setup: Pick<LateWaiterSetup, 'dir
     const counts: Record<string, number> = {};
     for (const o of outcomes) counts[o] = (counts[o] ?? 0) + 1;
     expect(counts).toEqual({ ACQUIRE_TIMEOUT: options.waiters });
-    await sleep(300); // cancels still on the wire land
+    // Every place is given up: cancels still on the wire land, and a request that was already on
+    // its way when its waiter cancelled is deleted when that call ends (bounded by the backend's
+    // request deadline, so this wait is too).
+    const placesGone = await eventually(async () => ((await third.inspect(key)).find((s) => s.key === key)?.waiters ?? 0) === 0, 10_000, 50);
+    expect(placesGone).toBe(true);
     await lease.release();
     const next = await third.tryAcquire(key, { ttlMs: 5_000 });
     const state = (await third.inspect(key)).find((s) => s.key === key);
