@@ -38,12 +38,17 @@ const SECONDS = Number(opt('seconds', 5));
 const WORKERS = Number(opt('workers', 8));
 const ROUNDS = Number(opt('rounds', 3));
 const POLL_MS = Number(opt('poll-ms', 5));
-const SCENARIOS = (opt('outside-ms', undefined) !== undefined ? opt('outside-ms').split(',').map((x) => `0/${x}`) : opt('scenarios', '0/0,0/2,1/0').split(','))
-  .map((x) => {
-    const [hold, outside] = x.split('/').map(Number);
-    if (!Number.isFinite(hold) || !Number.isFinite(outside) || hold < 0 || outside < 0) throw new Error(`--scenarios: ${x} is not HOLD/OUTSIDE in ms`);
-    return { hold, outside, label: `${hold} ms held, ${outside} ms outside` };
-  });
+const SCENARIOS = (
+  opt('outside-ms', undefined) !== undefined
+    ? opt('outside-ms')
+        .split(',')
+        .map((x) => `0/${x}`)
+    : opt('scenarios', '0/0,0/2,1/0').split(',')
+).map((x) => {
+  const [hold, outside] = x.split('/').map(Number);
+  if (!Number.isFinite(hold) || !Number.isFinite(outside) || hold < 0 || outside < 0) throw new Error(`--scenarios: ${x} is not HOLD/OUTSIDE in ms`);
+  return { hold, outside, label: `${hold} ms held, ${outside} ms outside` };
+});
 const HOSTS = opt('hosts', undefined)?.split(',');
 const PREFER_LEADER = opt('prefer-leader', 'true') !== 'false'; // leasehold's preferLeader (with several members)
 const TTL_MS = 30_000;
@@ -207,8 +212,17 @@ async function main() {
       // an external cluster
     }
     console.log(`leasehold etcd benchmark — ${new Date().toISOString()}`);
-    console.log(`machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}; node ${process.version}; etcd ${version}, ${HOSTS ? `external (${hosts.join(',')})` : `${MEMBERS} member(s) on loopback, default timings, data in ${os.tmpdir()}`}`);
-    console.log(`${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, scenarios (held / outside the lock) ${SCENARIOS.map((x) => `${x.hold}/${x.outside} ms`).join(', ')}; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s; leasehold preferLeader ${PREFER_LEADER}\n`);
+    console.log(
+      `machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; load ${os
+        .loadavg()
+        .map((x) => x.toFixed(1))
+        .join(
+          ' ',
+        )}; node ${process.version}; etcd ${version}, ${HOSTS ? `external (${hosts.join(',')})` : `${MEMBERS} member(s) on loopback, default timings, data in ${os.tmpdir()}`}`,
+    );
+    console.log(
+      `${ROUNDS} rounds; uncontended ${ITERATIONS} pairs; contended ${WORKERS} workers × ${SECONDS}s, scenarios (held / outside the lock) ${SCENARIOS.map((x) => `${x.hold}/${x.outside} ms`).join(', ')}; etcd3 Lock polls every ${POLL_MS} ms; ttl ${TTL_MS / 1000}s; leasehold preferLeader ${PREFER_LEADER}\n`,
+    );
 
     // One raft write, timed alone (in sequence) at the start and in every round: every hand-off
     // needs the release committed, so 1000 / this is a ceiling on critical sections/s for any lock.
@@ -226,10 +240,19 @@ async function main() {
       const order = r % 2 === 0 ? ['leasehold', 'etcd3'] : ['etcd3', 'leasehold'];
       for (const name of order) results[name].u.push(await uncontended(name, hosts, hosts));
       puts.push(await putMs());
-      const parts = [`round ${r + 1}: put ${puts[r].toFixed(2)} ms; uncontended ${order.map((n) => `${n} ${results[n].u[r].perSecond.toFixed(0)}/s`).join(', ')}`];
+      const parts = [
+        `round ${r + 1}: put ${puts[r].toFixed(2)} ms; uncontended ${order.map((n) => `${n} ${results[n].u[r].perSecond.toFixed(0)}/s`).join(', ')}`,
+      ];
       for (const [i, scenario] of SCENARIOS.entries()) {
         for (const name of order) results[name].c[i].push(await contended(name, hosts, hosts, scenario));
-        parts.push(`contended (${scenario.label}) ${order.map((n) => { const c = results[n].c[i][r]; return `${n} ${c.perSecond.toFixed(0)}/s p50 ${c.p50.toFixed(2)} ms`; }).join(', ')}`);
+        parts.push(
+          `contended (${scenario.label}) ${order
+            .map((n) => {
+              const c = results[n].c[i][r];
+              return `${n} ${c.perSecond.toFixed(0)}/s p50 ${c.p50.toFixed(2)} ms`;
+            })
+            .join(', ')}`,
+        );
       }
       console.log(parts.join('; '));
     }
@@ -238,7 +261,11 @@ async function main() {
     const f2 = (x) => x.toFixed(2);
     const orDash = (x) => (Number.isFinite(x) ? f2(x) : '—'); // no member said it leads (or its /metrics was out of reach)
     const pct = (x) => `${(100 * x).toFixed(0)} %`;
-    const uSummary = (name) => ({ perSecond: median(results[name].u.map((x) => x.perSecond)), perPair: median(results[name].u.map((x) => x.perPair)), messages: results[name].u[Math.floor(ROUNDS / 2)].messages });
+    const uSummary = (name) => ({
+      perSecond: median(results[name].u.map((x) => x.perSecond)),
+      perPair: median(results[name].u.map((x) => x.perPair)),
+      messages: results[name].u[Math.floor(ROUNDS / 2)].messages,
+    });
     const cSummary = (name, i) => {
       const c = results[name].c[i];
       const mid = c.slice().sort((a, b) => a.perSecond - b.perSecond)[Math.floor(c.length / 2)];
@@ -286,10 +313,20 @@ async function main() {
         ['  WAL fsyncs per section (leader)', orDash(L.fsyncs), orDash(E.fsyncs), ''],
         ['  overlapping holders seen', String(L.overlaps), String(E.overlaps), ''],
       );
-      const fmt = (m, n) => Object.entries(m).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${(v / n).toFixed(2)}`).join(', ');
-      console.log(`requests by method per contended acquire (${scenario.label}) — leasehold: ${fmt(L.messages, L.grants)}; etcd3: ${fmt(E.messages, E.grants)}`);
+      const fmt = (m, n) =>
+        Object.entries(m)
+          .sort((a, b) => b[1] - a[1])
+          .map(([k, v]) => `${k} ${(v / n).toFixed(2)}`)
+          .join(', ');
+      console.log(
+        `requests by method per contended acquire (${scenario.label}) — leasehold: ${fmt(L.messages, L.grants)}; etcd3: ${fmt(E.messages, E.grants)}`,
+      );
     }
-    const fmt = (m, n) => Object.entries(m).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${(v / n).toFixed(2)}`).join(', ');
+    const fmt = (m, n) =>
+      Object.entries(m)
+        .sort((a, b) => b[1] - a[1])
+        .map(([k, v]) => `${k} ${(v / n).toFixed(2)}`)
+        .join(', ');
     console.log(`requests by method per uncontended pair — leasehold: ${fmt(uL.messages, ITERATIONS)}; etcd3: ${fmt(uE.messages, ITERATIONS)}`);
     const w = Math.max(...rows.map((r) => r[0].length));
     console.log('');

@@ -211,8 +211,12 @@ await admin.connect();
 const { rows: version } = await admin.query('SHOW server_version');
 try {
   console.log(`leasehold PostgreSQL benchmark — ${new Date().toISOString()}`);
-  console.log(`machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}; PostgreSQL ${version[0].server_version} at ${new URL(URL_).host}`);
-  console.log(`${ROUNDS} × ${ITERATIONS} iterations (uncontended), ${SECONDS}s with ${WORKERS} workers (contended); leasehold with synchronous_commit=${SYNC}\n`);
+  console.log(
+    `machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}; PostgreSQL ${version[0].server_version} at ${new URL(URL_).host}`,
+  );
+  console.log(
+    `${ROUNDS} × ${ITERATIONS} iterations (uncontended), ${SECONDS}s with ${WORKERS} workers (contended); leasehold with synchronous_commit=${SYNC}\n`,
+  );
 
   const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
   const lRounds = [];
@@ -223,7 +227,9 @@ try {
   }
   const uL = { perSecond: median(lRounds.map((x) => x.perSecond)), statementsPerCycle: lRounds[0].statementsPerCycle };
   const uA = { perSecond: median(aRounds.map((x) => x.perSecond)), statementsPerCycle: 2 };
-  console.log(`uncontended rounds (acquire+release /s): leasehold ${lRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}; baseline ${aRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}`);
+  console.log(
+    `uncontended rounds (acquire+release /s): leasehold ${lRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}; baseline ${aRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}`,
+  );
   const cL = await contendedLeasehold();
   const cA = await contendedAdvisory();
 
@@ -241,7 +247,9 @@ try {
   console.log(`| ${'measure'.padEnd(width)} | leasehold postgres | advisory-lock baseline |`);
   console.log(`| ${'-'.repeat(width)} | -----------------: | ---------------------: |`);
   for (const [name, a, b] of rows) console.log(`| ${name.padEnd(width)} | ${a.padStart(18)} | ${b.padStart(22)} |`);
-  console.log(`\nratio uncontended (leasehold / baseline): ${(uL.perSecond / uA.perSecond).toFixed(2)}×; hand-off p50: ${(cL.p50 / cA.p50).toFixed(1)}× the baseline's`);
+  console.log(
+    `\nratio uncontended (leasehold / baseline): ${(uL.perSecond / uA.perSecond).toFixed(2)}×; hand-off p50: ${(cL.p50 / cA.p50).toFixed(1)}× the baseline's`,
+  );
 } finally {
   await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`).catch(() => {});
   await admin.end();

@@ -218,13 +218,33 @@ async function contendedOneProcess(name, url, seconds) {
 async function contendedProcesses(name, url, seconds) {
   const key = `c4:${name}:${Math.random().toString(36).slice(2)}`;
   const startAt = now() + 1_500;
-  const children = Array.from({ length: 4 }, (_, p) =>
-    new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, [fileURLToPath(import.meta.url), '--child', name, '--url', url, '--key', key, '--seconds', String(seconds), '--start', String(startAt), '--base', String(p * 2)], { stdio: ['ignore', 'pipe', 'inherit'] });
-      let out = '';
-      child.stdout.on('data', (d) => (out += d));
-      child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out)) : reject(new Error(`child exited ${code}`))));
-    }),
+  const children = Array.from(
+    { length: 4 },
+    (_, p) =>
+      new Promise((resolve, reject) => {
+        const child = spawn(
+          process.execPath,
+          [
+            fileURLToPath(import.meta.url),
+            '--child',
+            name,
+            '--url',
+            url,
+            '--key',
+            key,
+            '--seconds',
+            String(seconds),
+            '--start',
+            String(startAt),
+            '--base',
+            String(p * 2),
+          ],
+          { stdio: ['ignore', 'pipe', 'inherit'] },
+        );
+        let out = '';
+        child.stdout.on('data', (d) => (out += d));
+        child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out)) : reject(new Error(`child exited ${code}`))));
+      }),
   );
   const results = await Promise.all(children);
   const sections = results.flatMap((r) => r.sections);
@@ -293,12 +313,27 @@ async function renewals(name, url) {
     const started = [];
     const usings = [];
     for (let i = 0; i < N; i++) {
-      started.push(new Promise((ok) => usings.push(redlock.using([`${tag}:${i}`], ttl, async () => { ok(); await hold; }).catch(() => {}))));
+      started.push(
+        new Promise((ok) =>
+          usings.push(
+            redlock
+              .using([`${tag}:${i}`], ttl, async () => {
+                ok();
+                await hold;
+              })
+              .catch(() => {}),
+          ),
+        ),
+      );
       if (i % 500 === 499) await Promise.all(started.slice(-500));
     }
     await Promise.all(started);
     // quit only once every using() has released its lock (a command still in flight would fail unhandled inside redlock)
-    stop = async () => { release(); await Promise.all(usings); await client.quit(); };
+    stop = async () => {
+      release();
+      await Promise.all(usings);
+      await client.quit();
+    };
     cadence = 'using(): each lock extended when < 500 ms remain (every ttl − 500 ms)';
     intervalMs = ttl - 500;
   } else if (name === 'redis-semaphore') {
@@ -309,15 +344,26 @@ async function renewals(name, url) {
       await Promise.all(batch.map((m) => m.acquire()));
       mutexes.push(...batch);
     }
-    stop = async () => { await Promise.all(mutexes.map((m) => m.release())); await client.quit(); };
+    stop = async () => {
+      await Promise.all(mutexes.map((m) => m.release()));
+      await client.quit();
+    };
     cadence = 'each mutex refreshed every 0.8 × lockTimeout';
     intervalMs = Math.round(ttl * 0.8);
   } else {
     const client = new Redis(url);
-    client.defineCommand('renew', { numberOfKeys: 1, lua: `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end` });
+    client.defineCommand('renew', {
+      numberOfKeys: 1,
+      lua: `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end`,
+    });
     for (let i = 0; i < N; i += 500) await Promise.all(Array.from({ length: 500 }, (_, j) => client.set(`${tag}:${i + j}`, 'me', 'PX', ttl, 'NX')));
-    const timer = setInterval(() => { for (let i = 0; i < N; i++) void client.renew(`${tag}:${i}`, 'me', ttl); }, ttl / 3);
-    stop = async () => { clearInterval(timer); await client.quit(); };
+    const timer = setInterval(() => {
+      for (let i = 0; i < N; i++) void client.renew(`${tag}:${i}`, 'me', ttl);
+    }, ttl / 3);
+    stop = async () => {
+      clearInterval(timer);
+      await client.quit();
+    };
     cadence = 'each key renewed every ttl/3 (compare-and-pexpire script)';
     intervalMs = ttl / 3;
   }
@@ -384,7 +430,22 @@ redis.register_function('bench_min_empty', function() return 1 end)`;
     functions: async (i) => {
       const k = `${REDIS_DEFAULTS.prefix}{cost:${i % 64}}`;
       const owner = `cost-${i}`;
-      const token = await client.call('FCALL', REDIS_LIBRARY.functionName('acquire'), 2, k, sessionKey, owner, 'e', String(TTL), '0', label, session, retain, '2000', '');
+      const token = await client.call(
+        'FCALL',
+        REDIS_LIBRARY.functionName('acquire'),
+        2,
+        k,
+        sessionKey,
+        owner,
+        'e',
+        String(TTL),
+        '0',
+        label,
+        session,
+        retain,
+        '2000',
+        '',
+      );
       await client.call('FCALL', REDIS_LIBRARY.functionName('release'), 1, k, owner, token, retain);
     },
     'same redis.calls': async (i) => {
@@ -442,7 +503,11 @@ let url = opt('url');
 if (!url) {
   const port = await freePort();
   dir = mkdtempSync(join(tmpdir(), 'leasehold-bench-'));
-  server = spawn(process.env.LEASEHOLD_TEST_REDIS_SERVER ?? 'redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loglevel', 'warning'], { stdio: 'ignore' });
+  server = spawn(
+    process.env.LEASEHOLD_TEST_REDIS_SERVER ?? 'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--loglevel', 'warning'],
+    { stdio: 'ignore' },
+  );
   url = `redis://127.0.0.1:${port}`;
 }
 const cleanup = () => {
@@ -465,7 +530,9 @@ const renewalNames = ['leasehold', 'redlock', 'redis-semaphore', 'floor'];
 const results = {};
 const add = (figure, name, value) => ((results[figure] ??= {})[name] ??= []).push(value);
 
-console.log(`leasehold Redis benchmark — Redis ${version} at ${url}, Node ${process.version}, ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GB`);
+console.log(
+  `leasehold Redis benchmark — Redis ${version} at ${url}, Node ${process.version}, ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GB`,
+);
 console.log(`${rounds} interleaved rounds, ${seconds} s per scenario per library per round; hold ${HOLD_MS} ms in contended runs\n`);
 for (let round = 1; round <= rounds; round++) {
   process.stderr.write(`round ${round}/${rounds}:`);
@@ -523,7 +590,14 @@ const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)];
 };
-const fmt = (v) => (v === undefined || Number.isNaN(v) ? '—' : Math.abs(v) >= 100 ? Math.round(v).toLocaleString('en-US') : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(v < 1 ? 3 : 2));
+const fmt = (v) =>
+  v === undefined || Number.isNaN(v)
+    ? '—'
+    : Math.abs(v) >= 100
+      ? Math.round(v).toLocaleString('en-US')
+      : Math.abs(v) >= 10
+        ? v.toFixed(1)
+        : v.toFixed(v < 1 ? 3 : 2);
 const columns = ['leasehold', 'leasehold-autopipe', 'leasehold-calls', 'redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
 const peers = ['redlock', 'redlock-1ms', 'redis-semaphore', 'floor'];
 const header = ['figure', ...columns, ...peers.map((n) => `lh / ${n}`)];
@@ -531,20 +605,36 @@ const rows = [header, header.map(() => '---')];
 for (const [figure, byName] of Object.entries(results)) {
   const m = Object.fromEntries(Object.entries(byName).map(([k, v]) => [k, median(v)]));
   const lh = m.leasehold;
-  rows.push([figure, ...columns.map((n) => fmt(m[n])), ...peers.map((n) => (m[n] && lh !== undefined && m[n] !== 0 ? `${lh / m[n] < 0.01 ? `1/${fmt(m[n] / lh)}` : (lh / m[n]).toFixed(2)}×` : '—'))]);
+  rows.push([
+    figure,
+    ...columns.map((n) => fmt(m[n])),
+    ...peers.map((n) => (m[n] && lh !== undefined && m[n] !== 0 ? `${lh / m[n] < 0.01 ? `1/${fmt(m[n] / lh)}` : (lh / m[n]).toFixed(2)}×` : '—')),
+  ]);
 }
 console.log(rows.map((r) => `| ${r.join(' | ')} |`).join('\n'));
 const calls = Object.entries(results).filter(([f, by]) => f.startsWith('uncontended') && by['leasehold-calls'] && by.floor);
 if (calls.length > 0) {
-  console.log(`\nleasehold-calls / floor (what the two functions' server-side work leaves to any client): ${calls.map(([f, by]) => `${f.replace('uncontended, ', '').replace(' (pairs/s)', '')} ${(median(by['leasehold-calls']) / median(by.floor)).toFixed(2)}×`).join('; ')}`);
+  console.log(
+    `\nleasehold-calls / floor (what the two functions' server-side work leaves to any client): ${calls.map(([f, by]) => `${f.replace('uncontended, ', '').replace(' (pairs/s)', '')} ${(median(by['leasehold-calls']) / median(by.floor)).toFixed(2)}×`).join('; ')}`,
+  );
 }
 if (serverRounds.length > 0) {
   const names = Object.keys(serverRounds[0]);
-  console.log(`\nserver µs per acquire+release pair, sequential (INFO commandstats, median of ${serverRounds.length}): ${names.map((n) => `${n} ${median(serverRounds.map((r) => r[n])).toFixed(1)}`).join('; ')}`);
-  console.log('  functions = leasehold\'s acquire and release on a free key; same redis.calls = the 8 calls they make there, without the logic around them; empty functions = the same arguments, no calls; floor = SET NX PX + compare-and-delete script');
+  console.log(
+    `\nserver µs per acquire+release pair, sequential (INFO commandstats, median of ${serverRounds.length}): ${names.map((n) => `${n} ${median(serverRounds.map((r) => r[n])).toFixed(1)}`).join('; ')}`,
+  );
+  console.log(
+    "  functions = leasehold's acquire and release on a free key; same redis.calls = the 8 calls they make there, without the logic around them; empty functions = the same arguments, no calls; floor = SET NX PX + compare-and-delete script",
+  );
 }
-console.log(`\nrenewal cadence: ${Object.entries(cadences).map(([k, v]) => `${k}: ${v}`).join('; ')}`);
-console.log(`redlock = defaults (retryCount 10, retryDelay 200 ms, retryJitter 100 ms); redlock-1ms = retryDelay 1, retryJitter 1, retryCount -1; floor polls every 1 ms when busy.`);
+console.log(
+  `\nrenewal cadence: ${Object.entries(cadences)
+    .map(([k, v]) => `${k}: ${v}`)
+    .join('; ')}`,
+);
+console.log(
+  `redlock = defaults (retryCount 10, retryDelay 200 ms, retryJitter 100 ms); redlock-1ms = retryDelay 1, retryJitter 1, retryCount -1; floor polls every 1 ms when busy.`,
+);
 admin.disconnect();
 cleanup();
 process.exit(0);

@@ -5,7 +5,9 @@ import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
 const dir = fileURLToPath(new URL('.', import.meta.url));
-const available = readdirSync(dir).filter((f) => f.endsWith('.mjs') && f !== 'run.mjs').map((f) => f.slice(0, -4));
+const available = readdirSync(dir)
+  .filter((f) => f.endsWith('.mjs') && f !== 'run.mjs')
+  .map((f) => f.slice(0, -4));
 const [name, ...args] = process.argv.slice(2);
 if (!name || !available.includes(name)) {
   console.error(`usage: npm run bench -- <${available.join('|')}> [options]`);

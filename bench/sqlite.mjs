@@ -181,9 +181,12 @@ async function contended(name, dir) {
     // the child's own --child/--dir/--worker first: opt() takes the first of a name
     spawn(process.execPath, [self, '--child', name, '--dir', dir, '--worker', String(w), ...args], { stdio: ['pipe', 'pipe', 'inherit'] }),
   );
-  const watchdog = setTimeout(() => {
-    for (const c of children) c.kill('SIGKILL');
-  }, (SECONDS + 60) * 1000);
+  const watchdog = setTimeout(
+    () => {
+      for (const c of children) c.kill('SIGKILL');
+    },
+    (SECONDS + 60) * 1000,
+  );
   const outputs = children.map(
     (c) =>
       new Promise((resolve, reject) => {

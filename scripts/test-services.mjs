@@ -233,17 +233,32 @@ async function findBinary({ env, command, path, pkg, units = [] }) {
   return bin;
 }
 
-const needs = new Set((process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer,prometheus,chromium').split(',').map((s) => s.trim()).filter(Boolean));
+const needs = new Set(
+  (process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer,prometheus,chromium')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean),
+);
 if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
 if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
 if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = await findEtcd();
 if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = await findPgbouncer();
 // Prometheus and promtool (the metrics tests scrape with a real server and unit-test the alert rules).
 if (needs.has('prometheus')) {
-  found.LEASEHOLD_TEST_PROMETHEUS = await findBinary({ env: 'LEASEHOLD_TEST_PROMETHEUS', command: 'prometheus', pkg: 'prometheus', units: ['prometheus.service'] });
+  found.LEASEHOLD_TEST_PROMETHEUS = await findBinary({
+    env: 'LEASEHOLD_TEST_PROMETHEUS',
+    command: 'prometheus',
+    pkg: 'prometheus',
+    units: ['prometheus.service'],
+  });
   found.LEASEHOLD_TEST_PROMTOOL = await findBinary({ env: 'LEASEHOLD_TEST_PROMTOOL', command: 'promtool', pkg: 'prometheus' });
 }
 // Debian's Chromium, driven headless by playwright-core in the dashboard tests.
-if (needs.has('chromium')) found.LEASEHOLD_TEST_CHROMIUM = await findBinary({ env: 'LEASEHOLD_TEST_CHROMIUM', command: 'chromium', path: '/usr/bin/chromium', pkg: 'chromium' });
+if (needs.has('chromium'))
+  found.LEASEHOLD_TEST_CHROMIUM = await findBinary({ env: 'LEASEHOLD_TEST_CHROMIUM', command: 'chromium', path: '/usr/bin/chromium', pkg: 'chromium' });
 writeFileSync(new URL('../.test-env.json', import.meta.url), `${JSON.stringify(found, null, 2)}\n`);
-log(Object.entries(found).map(([k, v]) => `${k}=${v}`).join(' '));
+log(
+  Object.entries(found)
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' '),
+);

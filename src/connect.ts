@@ -79,7 +79,8 @@ function hostList(url: string, scheme: string): string[] {
   for (const h of hosts) {
     const port = /^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$/.exec(h)?.[1];
     if (port === undefined) throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}:// is not host:port`);
-    if (Number(port) < 1 || Number(port) > 65_535) throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}://: the port must be from 1 to 65535, got ${port}`);
+    if (Number(port) < 1 || Number(port) > 65_535)
+      throw new InvalidArgumentError('url', `${JSON.stringify(h)} in ${scheme}://: the port must be from 1 to 65535, got ${port}`);
   }
   return hosts;
 }

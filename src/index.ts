@@ -27,14 +27,33 @@ export function createLocks(options?: CreateLocksOptions): Locks {
 export { Locks, DEFAULTS, WAITING, type AcquireOptions, type LocksOptions } from './core/locks.js';
 export type { Lease } from './core/lease.js';
 export {
-  LeaseholdError, AcquireTimeoutError, LeaseLostError, StaleTokenError, InvalidArgumentError, BackendUnavailableError, PartialWriteError, ClosedError,
-  ERROR_CODES, isLeaseholdError, type ErrorCode, type LossReason,
+  LeaseholdError,
+  AcquireTimeoutError,
+  LeaseLostError,
+  StaleTokenError,
+  InvalidArgumentError,
+  BackendUnavailableError,
+  PartialWriteError,
+  ClosedError,
+  ERROR_CODES,
+  isLeaseholdError,
+  type ErrorCode,
+  type LossReason,
 } from './core/errors.js';
 export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, type TokenInput } from './core/token.js';
 export type { Fence, FenceGuardOptions, FenceWriteOptions } from './core/fence.js';
 export type {
-  Backend, BackendCapabilities, AcquireRequest, AcquireResult, RenewRequest, RenewResult, ReleaseRequest, SessionSupport,
-  KeyState, HolderState, HandOff,
+  Backend,
+  BackendCapabilities,
+  AcquireRequest,
+  AcquireResult,
+  RenewRequest,
+  RenewResult,
+  ReleaseRequest,
+  SessionSupport,
+  KeyState,
+  HolderState,
+  HandOff,
 } from './core/backend.js';
 export type { LockEvents, LockEventName, AcquireFailure } from './core/events.js';
 export { systemClock, manualClock, skewedClock, type Clock, type ManualClock, type TimerHandle } from './core/clock.js';

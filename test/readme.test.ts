@@ -44,7 +44,9 @@ const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
 ];
 
 /** The major of the oldest Node the package supports (package.json `engines`, `>=20.4.0`), whose syntax every example must keep to. */
-const MIN_NODE = Number(/^>=(\d+)(?:\.\d+){0,2}$/.exec((JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node)?.[1]);
+const MIN_NODE = Number(
+  /^>=(\d+)(?:\.\d+){0,2}$/.exec((JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node)?.[1],
+);
 /** The newest ECMAScript edition each supported Node runs in full (Node 20: ES2023). */
 const TARGET_OF_NODE: Record<number, ts.ScriptTarget> = { 20: ts.ScriptTarget.ES2023 };
 
@@ -62,7 +64,10 @@ function syntaxTooNew(code: string): string[] {
 
 function expectOutput(table: [string, string | RegExp][], text: string, matches: (text: string, key: string) => boolean, out: string): void {
   const found = table.filter(([key]) => matches(text, key));
-  expect(found.map(([key]) => key), 'exactly one expected output in the test for this README example').toHaveLength(1);
+  expect(
+    found.map(([key]) => key),
+    'exactly one expected output in the test for this README example',
+  ).toHaveLength(1);
   const expected = found[0]![1];
   if (typeof expected === 'string') expect(out).toBe(expected);
   else expect(out).toMatch(expected);
@@ -108,7 +113,13 @@ describe('README', () => {
       const dir = mkdtempSync(join(root, '.readme-run', 'ex-'));
       try {
         writeFileSync(join(dir, 'example.mjs'), code);
-        const out = execFileSync(process.execPath, ['example.mjs'], { cwd: dir, encoding: 'utf8', env: exampleEnv, stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
+        const out = execFileSync(process.execPath, ['example.mjs'], {
+          cwd: dir,
+          encoding: 'utf8',
+          env: exampleEnv,
+          stdio: ['ignore', 'pipe', 'pipe'],
+          timeout: 60_000,
+        });
         expectOutput(EXPECTED_OUTPUT, code, (c, phrase) => c.includes(phrase), out);
       } finally {
         rmSync(dir, { recursive: true, force: true });
@@ -125,7 +136,12 @@ describe('README', () => {
       const dir = mkdtempSync(join(tmpdir(), 'leasehold-readme-'));
       try {
         const cli = join(root, 'dist', 'cli', 'main.js');
-        const out = execFileSync('sh', ['-c', line.replace(/^npx leasehold /, `"${process.execPath}" "${cli}" `)], { cwd: dir, encoding: 'utf8', env: { ...process.env, LEASEHOLD_URL: '' }, timeout: 60_000 });
+        const out = execFileSync('sh', ['-c', line.replace(/^npx leasehold /, `"${process.execPath}" "${cli}" `)], {
+          cwd: dir,
+          encoding: 'utf8',
+          env: { ...process.env, LEASEHOLD_URL: '' },
+          timeout: 60_000,
+        });
         expectOutput(CLI_OUTPUT, line, (l, prefix) => l.startsWith(prefix), out);
       } finally {
         rmSync(dir, { recursive: true, force: true });

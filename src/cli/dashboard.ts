@@ -22,7 +22,13 @@ export async function runDashboardCommand(o: DashboardCommandOptions, write: (li
     await locks.inspect(o.prefix);
     let dashboard: { url: string; close(): Promise<void> };
     try {
-      dashboard = await startDashboard({ locks, host: o.host, port: o.port, prefix: o.prefix, title: `leasehold — ${o.prefix === '' ? 'all keys' : o.prefix}` });
+      dashboard = await startDashboard({
+        locks,
+        host: o.host,
+        port: o.port,
+        prefix: o.prefix,
+        title: `leasehold — ${o.prefix === '' ? 'all keys' : o.prefix}`,
+      });
     } catch (error) {
       const code = (error as { code?: string }).code;
       if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') {

@@ -102,7 +102,10 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
     );
   }
   if (o.url !== undefined && /^memory:/i.test(o.url)) {
-    throw usageError('--url memory: lives in one process; the demo\'s workers are separate processes (use sqlite:PATH, redis://, postgres:// or etcd://)', usage);
+    throw usageError(
+      "--url memory: lives in one process; the demo's workers are separate processes (use sqlite:PATH, redis://, postgres:// or etcd://)",
+      usage,
+    );
   }
   if (o.url !== undefined) backendLoader(o.url); // a malformed URL is a usage error before anything is created
   if (!existsSync(WORKER_PATH)) throw new CliExit(EXIT.SOFTWARE, `demo worker not found at ${WORKER_PATH} (run npm run build)`);
@@ -153,27 +156,42 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
     ]);
 
     if (o.dashboard) {
-      dashboard = await startDashboard({ locks: coordinator, host: o.dashboard.host, port: o.dashboard.port, title: 'leasehold demo — the zombie worker', pollMs: 100 });
-      print(out, [`  dashboard: ${dashboard.url} (open it to watch the take-over; the demo starts when a page connects, or in ${formatDuration(o.dashboard.waitForViewerMs)})`]);
+      dashboard = await startDashboard({
+        locks: coordinator,
+        host: o.dashboard.host,
+        port: o.dashboard.port,
+        title: 'leasehold demo — the zombie worker',
+        pollMs: 100,
+      });
+      print(out, [
+        `  dashboard: ${dashboard.url} (open it to watch the take-over; the demo starts when a page connects, or in ${formatDuration(o.dashboard.waitForViewerMs)})`,
+      ]);
       await dashboard.viewer(o.dashboard.waitForViewerMs);
     }
 
-    const unfenced = await scenario(ctx, { title: 'Run 1: without a fence (each worker saves with a plain UPDATE)', fenced: false, writes: { A: 'plain', B: 'plain' } });
+    const unfenced = await scenario(ctx, {
+      title: 'Run 1: without a fence (each worker saves with a plain UPDATE)',
+      fenced: false,
+      writes: { A: 'plain', B: 'plain' },
+    });
     const fenced = await scenario(ctx, {
       title: `Run 2: with a fence (each worker saves with sqliteFence(db).write("${DEMO_DOC}", lease.token, ...))`,
       fenced: true,
       writes: { A: mutant ? 'plain' : 'fence', B: 'fence' },
     });
 
-    print(out, fenced.expected
-      ? [
-          '',
-          `Result: ${unfenced.expected ? 'without a fence the frozen worker overwrote the newer result; ' : ''}with the fence its stale token was refused and B's result kept.`,
-          '  The lease told A that it was lost, but only once A ran again, too late to stop a write already past its check.',
-          '  The lease cannot stop a late write, so the resource has to check the token; the fence does that check.',
-        ]
-      : ['', 'Result: FAILED: the fenced run did not keep B\'s result (see its verdict above).']);
-    if (!fenced.expected) throw new CliExit(EXIT.FAILURE, `demo failed: ${fenced.why ?? 'the fenced run did not keep B\'s result'}`);
+    print(
+      out,
+      fenced.expected
+        ? [
+            '',
+            `Result: ${unfenced.expected ? 'without a fence the frozen worker overwrote the newer result; ' : ''}with the fence its stale token was refused and B's result kept.`,
+            '  The lease told A that it was lost, but only once A ran again, too late to stop a write already past its check.',
+            '  The lease cannot stop a late write, so the resource has to check the token; the fence does that check.',
+          ]
+        : ['', "Result: FAILED: the fenced run did not keep B's result (see its verdict above)."],
+    );
+    if (!fenced.expected) throw new CliExit(EXIT.FAILURE, `demo failed: ${fenced.why ?? "the fenced run did not keep B's result"}`);
     if (dashboard) {
       print(out, ['', `The dashboard is still at ${dashboard.url} with the timeline of both runs: Ctrl-C to stop.`]);
       offSignals();
@@ -254,7 +272,11 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
 
     a.send({ cmd: 'work' });
     const checked = await a.expect(['checked'], STEP_TIMEOUT_MS, 'check its lease before saving');
-    if (checked.aborted) throw new CliExit(EXIT.FAILURE, `worker A lost its lease before the pause (the machine is too slow for --ttl ${formatDuration(o.ttlMs)}; try a longer one)`);
+    if (checked.aborted)
+      throw new CliExit(
+        EXIT.FAILURE,
+        `worker A lost its lease before the pause (the machine is too slow for --ttl ${formatDuration(o.ttlMs)}; try a longer one)`,
+      );
 
     // The GC pause: A is blocked right after its check; freeze it there, then queue its go-ahead,
     // which it reads the moment it runs again.
@@ -263,7 +285,10 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
       throw new CliExit(EXIT.FAILURE, error.message);
     });
     const frozenAt = performance.now();
-    line('demo', `SIGSTOP A: frozen for ${formatDuration(o.pauseMs)} between its check and its write (ttl ${formatDuration(ttlMs)}${ttlMs === o.ttlMs ? '' : `, the coordinator's rounding of --ttl ${formatDuration(o.ttlMs)}`})`);
+    line(
+      'demo',
+      `SIGSTOP A: frozen for ${formatDuration(o.pauseMs)} between its check and its write (ttl ${formatDuration(ttlMs)}${ttlMs === o.ttlMs ? '' : `, the coordinator's rounding of --ttl ${formatDuration(o.ttlMs)}`})`,
+    );
     a.go();
 
     await b.expect(['saved', 'refused'], ttlMs + STEP_TIMEOUT_MS, 'take over the lease and save');
@@ -272,9 +297,12 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
     else line('demo', `B finished saving after the pause would have ended; A was kept frozen until then`);
 
     const held = (await ctx.coordinator.inspect(DEMO_KEY)).find((s) => s.key === DEMO_KEY)?.holders ?? [];
-    line('coord', held.length > 0
-      ? `the coordinator's view: ${DEMO_KEY} is held by ${held.map((h) => `${h.holder}, token ${h.token}`).join('; ')}`
-      : `the coordinator's view: ${DEMO_KEY} is free`);
+    line(
+      'coord',
+      held.length > 0
+        ? `the coordinator's view: ${DEMO_KEY} is held by ${held.map((h) => `${h.holder}, token ${h.token}`).join('; ')}`
+        : `the coordinator's view: ${DEMO_KEY} is free`,
+    );
 
     frozenMs = performance.now() - frozenAt;
     a.signal('SIGCONT');
@@ -306,13 +334,13 @@ async function scenario(ctx: Context, run: Run): Promise<RunResult> {
 
   const bKept = final.writtenBy === 'B' && finalToken === tokens.B;
   const aWon = final.writtenBy === 'A' && finalToken === tokens.A;
-  const stillKnown = aLost
-    ? ` A's lease.signal did abort (${aLost.reason}), but only once it ran again, after its write had already started.`
-    : '';
+  const stillKnown = aLost ? ` A's lease.signal did abort (${aLost.reason}), but only once it ran again, after its write had already started.` : '';
   if (!run.fenced) {
-    print(out, [aWon
-      ? `  verdict: LOST UPDATE. A's stale result (token ${tokens.A}) silently replaced B's newer one (token ${tokens.B}); nothing refused it.${stillKnown}`
-      : `  verdict: no overwrite this time: the document holds ${final.writtenBy}'s result (token ${finalToken}), not A's stale one`]);
+    print(out, [
+      aWon
+        ? `  verdict: LOST UPDATE. A's stale result (token ${tokens.A}) silently replaced B's newer one (token ${tokens.B}); nothing refused it.${stillKnown}`
+        : `  verdict: no overwrite this time: the document holds ${final.writtenBy}'s result (token ${finalToken}), not A's stale one`,
+    ]);
     return aWon ? { expected: true } : { expected: false, why: `the unfenced run ended with ${final.writtenBy}'s result` };
   }
   if (bKept) {

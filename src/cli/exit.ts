@@ -1,6 +1,4 @@
-import {
-  AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseholdError,
-} from '../core/errors.js';
+import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { SIGNAL_EXIT_BASE } from '../util/process.js';
 
 /**

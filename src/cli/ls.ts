@@ -57,6 +57,11 @@ export function renderTable(states: readonly KeyState[]): string {
   }
   const table = [[...LS_COLUMNS], ...rows];
   const widths = LS_COLUMNS.map((_, i) => Math.max(...table.map((r) => (r[i] ?? '').length)));
-  const lines = table.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ').trimEnd());
+  const lines = table.map((r) =>
+    r
+      .map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd(),
+  );
   return `${lines.join('\n')}\n`;
 }

@@ -75,13 +75,12 @@ function durationOption(flag: string, allowForever = false): (value: string) => 
 function buildProgram(commandLine: string[] | undefined, done: (code: number) => void): Command {
   const program = new Command('leasehold');
   const guard = (cmd: Command, usage: string): Command =>
-    cmd
-      .configureOutput({ outputError: (text, write) => write(`leasehold: ${text}`) })
-      .exitOverride((error) => {
-        throw new CommanderExit(error, usage);
-      });
+    cmd.configureOutput({ outputError: (text, write) => write(`leasehold: ${text}`) }).exitOverride((error) => {
+      throw new CommanderExit(error, usage);
+    });
   /** Runs a subcommand; its errors become one-line exits carrying the subcommand's usage. */
-  const action = <A extends unknown[]>(usage: string, fn: (...args: A) => Promise<number>) =>
+  const action =
+    <A extends unknown[]>(usage: string, fn: (...args: A) => Promise<number>) =>
     async (...args: A): Promise<void> => {
       try {
         done(await fn(...args));
@@ -96,7 +95,10 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .version(packageVersion(), '-V, --version', 'print the version')
     .helpOption('-h, --help', 'show help')
     .showSuggestionAfterError()
-    .addHelpText('after', '\nExit codes: 0 ok (run: COMMAND\'s own code), 64 bad arguments, 69 coordinator unavailable,\n75 key busy, 126 cannot execute, 127 command not found, 128+n killed by signal n.');
+    .addHelpText(
+      'after',
+      "\nExit codes: 0 ok (run: COMMAND's own code), 64 bad arguments, 69 coordinator unavailable,\n75 key busy, 126 cannot execute, 127 command not found, 128+n killed by signal n.",
+    );
 
   const run = guard(program.command('run'), USAGE.run)
     .summary('run COMMAND while holding the lease on KEY')
@@ -104,14 +106,16 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       'Runs COMMAND (no shell) while holding the lease on KEY, renewed in the background, and releases it when COMMAND exits. ' +
         'COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER. When the lease is lost it gets SIGTERM, then SIGKILL after --grace. ' +
         'SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to it.\n\n' +
-        'Exits with COMMAND\'s code (128+n if a signal killed it), 75 when KEY is busy, 69 when the coordinator is unreachable, ' +
+        "Exits with COMMAND's code (128+n if a signal killed it), 75 when KEY is busy, 69 when the coordinator is unreachable, " +
         '127 when COMMAND is not found, 64 for bad arguments.',
     )
     .usage('KEY [options] -- COMMAND [ARGS...]')
     .argument('<KEY>', 'the lease key, e.g. nightly-report')
     .allowExcessArguments(true)
     .addOption(new Option('--ttl <duration>', 'lease ttl: how long a crashed holder keeps the key').default(30_000, '30s').argParser(durationOption('--ttl')))
-    .addOption(new Option('--wait <duration>', 'how long to wait for a busy key (0: skip at once; forever)').default(0, '0').argParser(durationOption('--wait', true)))
+    .addOption(
+      new Option('--wait <duration>', 'how long to wait for a busy key (0: skip at once; forever)').default(0, '0').argParser(durationOption('--wait', true)),
+    )
     .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
     .addOption(new Option('--grace <duration>', 'after a lost lease, time from SIGTERM to SIGKILL').default(10_000, '10s').argParser(durationOption('--grace')))
     .addOption(new Option('--mode <mode>', 'exclusive (one holder) or shared (many)').choices(['exclusive', 'shared']).default('exclusive'));
@@ -123,9 +127,8 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       if (command.length === 0) throw usageError('COMMAND must not be empty', USAGE.run);
       checkKey(key, 'KEY');
       if (opts.ttl < MIN_TTL_MS) throw usageError(`--ttl must be at least ${MIN_TTL_MS}ms, got ${formatDuration(opts.ttl)}`, USAGE.run);
-      return runCommand(
-        { key, command, args, ttlMs: opts.ttl, waitMs: opts.wait, graceMs: opts.grace, mode: opts.mode, url: opts.url },
-        (line) => process.stderr.write(`leasehold: ${line}\n`),
+      return runCommand({ key, command, args, ttlMs: opts.ttl, waitMs: opts.wait, graceMs: opts.grace, mode: opts.mode, url: opts.url }, (line) =>
+        process.stderr.write(`leasehold: ${line}\n`),
       );
     }),
   );
@@ -148,15 +151,25 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       'Worker A (a real process) takes a lease, checks it, and is frozen with SIGSTOP for --pause, longer than --ttl, before it saves. ' +
         'Worker B takes over with a higher token and saves. Run 1 saves with plain UPDATEs: A overwrites B. ' +
         'Run 2 saves through sqliteFence: A is refused with StaleTokenError.\n\n' +
-        'Exits 0 when the fence kept B\'s result, 1 when it did not.',
+        "Exits 0 when the fence kept B's result, 1 when it did not.",
     )
     .addOption(new Option('--ttl <duration>', 'lease ttl of both workers').default(1_000, '1s').argParser(durationOption('--ttl')))
-    .addOption(new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')))
+    .addOption(
+      new Option('--pause <duration>', 'how long worker A stays frozen (must exceed --ttl)').default(1_200, '1.2s').argParser(durationOption('--pause')),
+    )
     .option('--dir <dir>', 'keep the lease and data files in DIR (default: a temporary directory, removed afterwards)')
-    .addOption(new Option('--url <url>', 'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)'))
-    .option('--dashboard', 'serve the live dashboard of the lease store: the demo starts when a page connects (or after 30 s) and the page stays up after it, until Ctrl-C')
-    .addOption(new Option('--host <host>', 'the dashboard\'s address (with --dashboard)').default('127.0.0.1'))
-    .addOption(new Option('--port <port>', 'the dashboard\'s port, 0 for any free one (with --dashboard)').default(7071).argParser(integerOption(0, 65_535)))
+    .addOption(
+      new Option(
+        '--url <url>',
+        'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)',
+      ),
+    )
+    .option(
+      '--dashboard',
+      'serve the live dashboard of the lease store: the demo starts when a page connects (or after 30 s) and the page stays up after it, until Ctrl-C',
+    )
+    .addOption(new Option('--host <host>', "the dashboard's address (with --dashboard)").default('127.0.0.1'))
+    .addOption(new Option('--port <port>', "the dashboard's port, 0 for any free one (with --dashboard)").default(7071).argParser(integerOption(0, 65_535)))
     .action(
       action(USAGE.demo, async (opts: { ttl: number; pause: number; dir?: string; url?: string; dashboard?: boolean; host: string; port: number }) =>
         runDemo(
@@ -183,7 +196,9 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     )
     .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
     .addOption(new Option('--prefix <prefix>', 'only keys starting with this').default(''))
-    .addOption(new Option('--host <host>', 'the address to listen on (the page shows who holds what: keep it on loopback unless you mean it)').default('127.0.0.1'))
+    .addOption(
+      new Option('--host <host>', 'the address to listen on (the page shows who holds what: keep it on loopback unless you mean it)').default('127.0.0.1'),
+    )
     .addOption(new Option('--port <port>', 'the port, 0 for any free one').default(7071).argParser(integerOption(0, 65_535)))
     .action(
       action(USAGE.dashboard, async (opts: { url?: string; prefix: string; host: string; port: number }) =>
@@ -207,10 +222,21 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
         'loss signalled in time (I6). --no-fence is the control run: it must fail.\n\n' +
         'Exits 0 when every check passed, 1 when one failed, 69 when the coordinator or the store cannot be reached, 64 for bad arguments.',
     )
-    .addOption(new Option('--url <url>', 'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)'))
-    .addOption(new Option('--fence <kind>', 'where the protected resource lives (default: the coordinator\'s kind when it has a fence, else sqlite)').choices([...STORE_KINDS]))
+    .addOption(
+      new Option(
+        '--url <url>',
+        'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)',
+      ),
+    )
+    .addOption(
+      new Option('--fence <kind>', "where the protected resource lives (default: the coordinator's kind when it has a fence, else sqlite)").choices([
+        ...STORE_KINDS,
+      ]),
+    )
     .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
-    .addOption(new Option('--fence-url <url>', 'the server of the resource for --fence postgres|redis (default: the coordinator\'s URL when it is of that kind)'))
+    .addOption(
+      new Option('--fence-url <url>', "the server of the resource for --fence postgres|redis (default: the coordinator's URL when it is of that kind)"),
+    )
     .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption(1, VERIFY_LIMITS.maxWorkers)))
     .addOption(new Option('--duration <duration>', 'how long the workload runs').default(30_000, '30s').argParser(durationOption('--duration')))
     .addOption(new Option('--ttl <duration>', 'lease ttl (the coordinator may round it up)').default(1_000, '1s').argParser(durationOption('--ttl')))
@@ -219,29 +245,47 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(new Option('--nemesis <list>', `faults to inject, comma-separated, or none`).default([...NEMESES], NEMESES.join(',')).argParser(nemesisOption))
     .option('--report <dir>', 'write history.jsonl and timeline.svg into DIR')
     .action(
-      action(USAGE.verify, async (opts: { url?: string; fence?: StoreKind | false; fenceUrl?: string; workers: number; duration: number; ttl: number; work?: number; seed?: number; nemesis: NemesisKind[]; report?: string }) => {
-        const url = opts.url ?? (process.env.LEASEHOLD_URL || undefined);
-        if (url === undefined) throw usageError('--url is required (or set LEASEHOLD_URL): the coordinator to verify, e.g. --url local:redis or --url sqlite:./locks.db', USAGE.verify);
-        if (fenceFlags.size > 1) throw usageError('--no-fence and --fence do not go together: the control run writes without any fence', USAGE.verify);
-        if (opts.fence === false && opts.fenceUrl !== undefined) throw usageError('--no-fence and --fence-url do not go together', USAGE.verify);
-        return verifyCommand(
-          {
-            url,
-            fence: opts.fence === false ? undefined : opts.fence,
-            fenceUrl: opts.fenceUrl,
-            workers: opts.workers,
-            durationMs: opts.duration,
-            ttlMs: opts.ttl,
-            workMs: opts.work,
-            seed: opts.seed,
-            nemeses: opts.nemesis,
-            fenced: opts.fence !== false,
-            reportDir: opts.report,
-          },
-          process.stdout,
-          USAGE.verify,
-        );
-      }),
+      action(
+        USAGE.verify,
+        async (opts: {
+          url?: string;
+          fence?: StoreKind | false;
+          fenceUrl?: string;
+          workers: number;
+          duration: number;
+          ttl: number;
+          work?: number;
+          seed?: number;
+          nemesis: NemesisKind[];
+          report?: string;
+        }) => {
+          const url = opts.url ?? (process.env.LEASEHOLD_URL || undefined);
+          if (url === undefined)
+            throw usageError(
+              '--url is required (or set LEASEHOLD_URL): the coordinator to verify, e.g. --url local:redis or --url sqlite:./locks.db',
+              USAGE.verify,
+            );
+          if (fenceFlags.size > 1) throw usageError('--no-fence and --fence do not go together: the control run writes without any fence', USAGE.verify);
+          if (opts.fence === false && opts.fenceUrl !== undefined) throw usageError('--no-fence and --fence-url do not go together', USAGE.verify);
+          return verifyCommand(
+            {
+              url,
+              fence: opts.fence === false ? undefined : opts.fence,
+              fenceUrl: opts.fenceUrl,
+              workers: opts.workers,
+              durationMs: opts.duration,
+              ttlMs: opts.ttl,
+              workMs: opts.work,
+              seed: opts.seed,
+              nemeses: opts.nemesis,
+              fenced: opts.fence !== false,
+              reportDir: opts.report,
+            },
+            process.stdout,
+            USAGE.verify,
+          );
+        },
+      ),
     );
 
   return program;
@@ -250,7 +294,8 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
 /** A commander option parser for an integer in [min, max]. */
 function integerOption(min: number, max: number): (value: string) => number {
   return (value) => {
-    if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max) throw new CommanderArgumentError(`expected an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
+    if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max)
+      throw new CommanderArgumentError(`expected an integer from ${min} to ${max}, got ${JSON.stringify(value)}`);
     return Number(value);
   };
 }
@@ -258,9 +303,13 @@ function integerOption(min: number, max: number): (value: string) => number {
 /** `--nemesis pause,clock` (or `none`): a list of known nemesis names. */
 function nemesisOption(value: string): NemesisKind[] {
   if (value.trim().toLowerCase() === 'none') return [];
-  const names = value.split(',').map((s) => s.trim().toLowerCase()).filter((s) => s.length > 0);
+  const names = value
+    .split(',')
+    .map((s) => s.trim().toLowerCase())
+    .filter((s) => s.length > 0);
   const unknown = names.filter((n) => !(NEMESES as readonly string[]).includes(n));
-  if (names.length === 0 || unknown.length > 0) throw new CommanderArgumentError(`expected a comma-separated list of ${NEMESES.join(', ')} (or none), got ${JSON.stringify(value)}`);
+  if (names.length === 0 || unknown.length > 0)
+    throw new CommanderArgumentError(`expected a comma-separated list of ${NEMESES.join(', ')} (or none), got ${JSON.stringify(value)}`);
   return [...new Set(names)] as NemesisKind[];
 }
 

@@ -136,7 +136,9 @@ export async function runCommand(o: RunOptions, warn: (line: string) => void): P
     } finally {
       // After a loss or a second call this resolves and does nothing; a failure only costs the ttl.
       await lease.release().catch((error: unknown) => {
-        warn(`could not release ${shown(o.key)} (${oneLine(String((error as Error)?.message ?? error))}); it frees itself when its ttl (${formatDuration(o.ttlMs)}) runs out`);
+        warn(
+          `could not release ${shown(o.key)} (${oneLine(String((error as Error)?.message ?? error))}); it frees itself when its ttl (${formatDuration(o.ttlMs)}) runs out`,
+        );
       });
     }
   } finally {

@@ -261,11 +261,15 @@ export class Acquisition {
     try {
       // Bounded like every coordinator call; a subscription that arrives too late is ended at once.
       this.#unsubscribe = await withTimeout(
-        backend.subscribe(this.#key, (h) => {
-          if (h) this.#handOff = h;
-          this.#changed = true;
-          this.#wakeCurrent?.();
-        }, this.#lastBusy?.cursor),
+        backend.subscribe(
+          this.#key,
+          (h) => {
+            if (h) this.#handOff = h;
+            this.#changed = true;
+            this.#wakeCurrent?.();
+          },
+          this.#lastBusy?.cursor,
+        ),
         clock,
         Math.max(1, Math.min(this.#ctx.operationTimeoutMs, remaining)),
         'subscribe',
@@ -307,7 +311,8 @@ export class Acquisition {
   }
 
   #giveUp(error: unknown): never {
-    const outcome: AcquireFailure = error instanceof AcquireTimeoutError ? 'timeout' : this.#signal.aborted && error === this.#signal.reason ? 'aborted' : 'error';
+    const outcome: AcquireFailure =
+      error instanceof AcquireTimeoutError ? 'timeout' : this.#signal.aborted && error === this.#signal.reason ? 'aborted' : 'error';
     this.#ctx.events.emit('acquireFailed', { key: this.#key, waitedMs: this.#ctx.clock.now() - this.#start, outcome, error });
     throw error;
   }

@@ -4,14 +4,7 @@
  * the same call may succeed if simply tried again later.
  */
 
-export type ErrorCode =
-  | 'ACQUIRE_TIMEOUT'
-  | 'LEASE_LOST'
-  | 'STALE_TOKEN'
-  | 'INVALID_ARGUMENT'
-  | 'BACKEND_UNAVAILABLE'
-  | 'PARTIAL_WRITE'
-  | 'CLOSED';
+export type ErrorCode = 'ACQUIRE_TIMEOUT' | 'LEASE_LOST' | 'STALE_TOKEN' | 'INVALID_ARGUMENT' | 'BACKEND_UNAVAILABLE' | 'PARTIAL_WRITE' | 'CLOSED';
 
 export abstract class LeaseholdError extends Error {
   abstract readonly code: ErrorCode;

@@ -87,13 +87,19 @@ export function fenceTokenCheck(factoryOptions: Record<string, unknown>): FenceT
     if (expected === undefined || typeof token !== 'string' || !token.startsWith('lh')) {
       const t = toToken(token);
       if (expected !== undefined && requireSequencer) {
-        throw new InvalidArgumentError('token', `resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}: pass the lease's sequencer, not a bare token, so the fence can check which lock it came from (requireSequencer)`);
+        throw new InvalidArgumentError(
+          'token',
+          `resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}: pass the lease's sequencer, not a bare token, so the fence can check which lock it came from (requireSequencer)`,
+        );
       }
       return t;
     }
     const s = parseSequencer(token, 'token');
     if (s.key !== expected) {
-      throw new InvalidArgumentError('token', `the sequencer names lock ${JSON.stringify(s.key)}, but resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}; its token ${s.token} means nothing here (nothing was changed)`);
+      throw new InvalidArgumentError(
+        'token',
+        `the sequencer names lock ${JSON.stringify(s.key)}, but resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}; its token ${s.token} means nothing here (nothing was changed)`,
+      );
     }
     return s.token;
   };
@@ -130,9 +136,7 @@ export function guardHandle<T extends object>(
       const value: unknown = Reflect.get(t, prop, t);
       if (typeof value !== 'function' || typeof prop !== 'string') return value;
       return (...args: unknown[]): unknown => {
-        const problem = revoked
-          ? `${prop}() was called after the fenced write settled; keep no reference to what mutate is handed`
-          : refuse(prop, args);
+        const problem = revoked ? `${prop}() was called after the fenced write settled; keep no reference to what mutate is handed` : refuse(prop, args);
         if (problem !== undefined) {
           const error = revoked ? new InvalidArgumentError('mutate', problem) : fail(problem);
           if (asyncMethods.has(prop)) return Promise.reject(error);

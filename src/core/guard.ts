@@ -14,7 +14,8 @@ import { ClosedError } from './errors.js';
 export function guardBackend(backend: Backend): Backend {
   let closed: Promise<void> | undefined;
   const what = `${backend.name} backend`;
-  const guarded = <A extends unknown[], R>(fn: (...args: A) => Promise<R>) =>
+  const guarded =
+    <A extends unknown[], R>(fn: (...args: A) => Promise<R>) =>
     (...args: A): Promise<R> => {
       if (closed) return Promise.reject(new ClosedError(what));
       return fn(...args);
@@ -34,7 +35,9 @@ export function guardBackend(backend: Backend): Backend {
     inspect: guarded(async (prefix: string) => orderStates(await backend.inspect(prefix), prefix)),
     close: () => (closed ??= Promise.resolve().then(() => backend.close())),
     ...(backend.subscribe && {
-      subscribe: guarded((key: string, onChange: Parameters<NonNullable<Backend['subscribe']>>[1], cursor?: unknown) => backend.subscribe!(key, onChange, cursor)),
+      subscribe: guarded((key: string, onChange: Parameters<NonNullable<Backend['subscribe']>>[1], cursor?: unknown) =>
+        backend.subscribe!(key, onChange, cursor),
+      ),
     }),
     // Giving up a place after close(): the backend's close ended the connection and the places with it.
     ...(backend.cancelWait && { cancelWait: (req: { key: string; owner: string }) => (closed ? Promise.resolve() : backend.cancelWait!(req)) }),

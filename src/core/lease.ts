@@ -421,7 +421,13 @@ export class LeaseImpl implements Lease {
     loss.announced = true;
     if (this.#controller) this.#controller.abort(this.#lossError(loss));
     if (this.#ctx.events.listenerCount('lost') > 0) {
-      this.#ctx.events.emit('lost', { key: this.key, token: this.token, reason: loss.reason, error: this.#lossError(loss), heldMs: this.#ctx.clock.now() - this.#acquiredAt });
+      this.#ctx.events.emit('lost', {
+        key: this.key,
+        token: this.token,
+        reason: loss.reason,
+        error: this.#lossError(loss),
+        heldMs: this.#ctx.clock.now() - this.#acquiredAt,
+      });
     }
   }
 

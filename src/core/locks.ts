@@ -72,11 +72,13 @@ export class Locks {
     if (typeof driftFactor !== 'number' || !(driftFactor >= 0 && driftFactor < 0.5)) {
       throw new InvalidArgumentError('driftFactor', `expected a number in [0, 0.5), got ${describe(driftFactor)}`);
     }
-    this.#operationTimeoutMs = o.operationTimeoutMs === undefined ? DEFAULTS.operationTimeoutMs : checkInteger(o.operationTimeoutMs, 'operationTimeoutMs', 1, MAX_DURATION_MS);
+    this.#operationTimeoutMs =
+      o.operationTimeoutMs === undefined ? DEFAULTS.operationTimeoutMs : checkInteger(o.operationTimeoutMs, 'operationTimeoutMs', 1, MAX_DURATION_MS);
     const { signal, ...defaults } = resolveAcquireOptions(o.defaults, { ...DEFAULTS }, 'defaults');
     void signal; // never set: `defaults` cannot name a signal
     this.#defaults = defaults;
-    if (o.random !== undefined && typeof o.random !== 'function') throw new InvalidArgumentError('random', `expected a function returning [0, 1), got ${describe(o.random)}`);
+    if (o.random !== undefined && typeof o.random !== 'function')
+      throw new InvalidArgumentError('random', `expected a function returning [0, 1), got ${describe(o.random)}`);
     this.#random = (o.random as (() => number) | undefined) ?? Math.random;
     // Every waiting acquire listens to this signal while it pauses (and stops listening after): as
     // many listeners as waiters, which is not a leak, so no MaxListenersExceededWarning at 11.

@@ -1,5 +1,14 @@
 import {
-  checkBoolean, checkInteger, checkKnownOptions, checkMode, checkObject, checkSignal, checkTtl, checkWait, MAX_DURATION_MS, type LockMode,
+  checkBoolean,
+  checkInteger,
+  checkKnownOptions,
+  checkMode,
+  checkObject,
+  checkSignal,
+  checkTtl,
+  checkWait,
+  MAX_DURATION_MS,
+  type LockMode,
 } from './validate.js';
 
 /**

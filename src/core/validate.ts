@@ -62,7 +62,8 @@ export function checkBoolean(value: unknown, argument: string): boolean {
 
 export function checkSignal(value: unknown, argument = 'signal'): AbortSignal {
   if (
-    typeof value !== 'object' || value === null ||
+    typeof value !== 'object' ||
+    value === null ||
     typeof (value as AbortSignal).aborted !== 'boolean' ||
     typeof (value as AbortSignal).addEventListener !== 'function'
   ) {

@@ -11,22 +11,33 @@
  * grant whose answer was lost, a place given up — are only checkable side by side.
  */
 import { Etcd3, type ICompare, type IRequestOp } from './driver.js';
-import type {
-  AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
-} from '../core/backend.js';
+import type { AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
 import type { LockMode } from '../core/validate.js';
 import { FollowUps } from './follow-ups.js';
 import { KeyLayout, encodePart, rangeEnd } from './keys.js';
 import { RequestNames } from './names.js';
 import { checkEtcdOptions, type EtcdBackendOptions } from './options.js';
 import { LeaderRoute } from './route.js';
-import {
-  cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient,
-} from './rpc.js';
+import { cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient } from './rpc.js';
 import { DELAY_MARGIN_S, SessionTable } from './sessions.js';
 import {
-  ahead, delayValue, entryValue, freeKeyGuards, grantable, holders, inspectedLeases, keyState, orphans, parseJson, parseView, parseViews, viewGuards, watchTarget,
-  type Entry, type View, type Waiter,
+  ahead,
+  delayValue,
+  entryValue,
+  freeKeyGuards,
+  grantable,
+  holders,
+  inspectedLeases,
+  keyState,
+  orphans,
+  parseJson,
+  parseView,
+  parseViews,
+  viewGuards,
+  watchTarget,
+  type Entry,
+  type View,
+  type Waiter,
 } from './view.js';
 import { LockWatches, Wake, type WatchTarget } from './wake.js';
 
@@ -214,7 +225,10 @@ class EtcdBackend implements Backend {
     if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
     const layout = new KeyLayout(this.#prefix, req.key);
     const attempt = () => this.#deleteNamed(layout, nm.name);
-    const deleted = await attempt().then(() => true, () => (this.#followUps.followUp(attempt), false));
+    const deleted = await attempt().then(
+      () => true,
+      () => (this.#followUps.followUp(attempt), false),
+    );
     // The last call of the owner has ended: nothing more can be written under the name, which goes
     // back for reuse once deleted (a call that failed with an unknown outcome tainted it).
     if ((this.#running.get(req.owner) ?? 0) <= 1) this.#names.done(req.owner, deleted);
@@ -334,7 +348,10 @@ class EtcdBackend implements Backend {
       if (own) {
         // A not-queued request's entry left by an earlier call of this caller whose answer was lost: not ours to keep.
         const attempt = () => this.#deleteNamed(layout, nm.name);
-        const deleted = await attempt().then(() => true, () => (this.#followUps.followUp(attempt), false));
+        const deleted = await attempt().then(
+          () => true,
+          () => (this.#followUps.followUp(attempt), false),
+        );
         this.#names.done(req.owner, deleted);
       } else {
         // Nothing of ours under the name at this read (a refusal writes nothing; an earlier call that
@@ -408,7 +425,10 @@ class EtcdBackend implements Backend {
     p.view = waiter.view;
     this.#pending.set(owner, p);
     const target = watchTarget(waiter);
-    void this.#wakes.get(owner)?.target(target).catch(() => {});
+    void this.#wakes
+      .get(owner)
+      ?.target(target)
+      .catch(() => {});
     return this.#busy(waiter.view, waiter.own, waiter.mode, { ...target, owner });
   }
 

@@ -67,9 +67,7 @@ export class KeyLayout {
 }
 
 /** What an etcd key under the prefix is, or undefined for keys that are not ours. */
-export type ParsedKey =
-  | { kind: 'entry'; encKey: string; mode: LockMode; encOwner: string }
-  | { kind: 'delay'; encKey: string; encOwner: string };
+export type ParsedKey = { kind: 'entry'; encKey: string; mode: LockMode; encOwner: string } | { kind: 'delay'; encKey: string; encOwner: string };
 
 export function parseKey(prefix: string, etcdKey: string): ParsedKey | undefined {
   if (!etcdKey.startsWith(prefix)) return undefined;

@@ -84,7 +84,8 @@ export class RequestNames {
     this.#names.delete(owner);
     if (!deleted || nm.tainted || this.#closed) return;
     let free = this.#free.get(nm.key);
-    if (free) this.#free.delete(nm.key); // re-inserted last: the lock used most recently
+    if (free)
+      this.#free.delete(nm.key); // re-inserted last: the lock used most recently
     else free = [];
     free.push(nm.name);
     this.#free.set(nm.key, free);

@@ -76,11 +76,18 @@ export function checkEtcdOptions(options: EtcdBackendOptions): EtcdSettings {
   const minTtlMs = o.minTtlMs === undefined ? ETCD_DEFAULTS.minTtlMs : checkInteger(o.minTtlMs, 'minTtlMs', 1_000, 3_600_000);
   if (o.minTtlMs !== undefined && minTtlMs % 1000 !== 0) throw new InvalidArgumentError('minTtlMs', `etcd leases are whole seconds; got ${minTtlMs}`);
   const lingerMs = o.watchLingerMs === undefined ? ETCD_DEFAULTS.watchLingerMs : checkInteger(o.watchLingerMs, 'watchLingerMs', 0, 3_600_000);
-  if (o.preferLeader !== undefined && typeof o.preferLeader !== 'boolean') throw new InvalidArgumentError('preferLeader', `expected a boolean, got ${describe(o.preferLeader)}`);
+  if (o.preferLeader !== undefined && typeof o.preferLeader !== 'boolean')
+    throw new InvalidArgumentError('preferLeader', `expected a boolean, got ${describe(o.preferLeader)}`);
   const preferLeader = (o.preferLeader as boolean | undefined) ?? ETCD_DEFAULTS.preferLeader;
   if (o.hosts !== undefined) return { hosts: checkHosts(o.hosts), prefix, timeoutMs, minTtlMs, lingerMs, preferLeader };
   const c = o.client as EtcdClient;
-  if (typeof c !== 'object' || c === null || typeof c.kv?.txn !== 'function' || typeof c.leaseClient?.leaseGrant !== 'function' || typeof c.watch !== 'function') {
+  if (
+    typeof c !== 'object' ||
+    c === null ||
+    typeof c.kv?.txn !== 'function' ||
+    typeof c.leaseClient?.leaseGrant !== 'function' ||
+    typeof c.watch !== 'function'
+  ) {
     throw new InvalidArgumentError('client', `expected an Etcd3 client, got ${describe(c)}`);
   }
   return { client: c, prefix, timeoutMs, minTtlMs, lingerMs, preferLeader };

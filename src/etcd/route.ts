@@ -46,16 +46,26 @@ export class LeaderRoute {
     this.#interval = setInterval(() => void this.refresh(), REFRESH_MS);
     this.#interval.unref();
     void this.refresh();
-    const route = <A extends unknown[], R>(call: (c: EtcdClient, ...args: A) => Promise<R>) => (...args: A): Promise<R> => this.#call(call, args);
+    const route =
+      <A extends unknown[], R>(call: (c: EtcdClient, ...args: A) => Promise<R>) =>
+      (...args: A): Promise<R> =>
+        this.#call(call, args);
     this.client = {
       kv: {
         txn: route((c, req: Parameters<EtcdClient['kv']['txn']>[0], opts?: Parameters<EtcdClient['kv']['txn']>[1]) => c.kv.txn(req, opts)),
         range: route((c, req: Parameters<EtcdClient['kv']['range']>[0], opts?: Parameters<EtcdClient['kv']['range']>[1]) => c.kv.range(req, opts)),
       },
       leaseClient: {
-        leaseGrant: route((c, req: Parameters<EtcdClient['leaseClient']['leaseGrant']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseGrant']>[1]) => c.leaseClient.leaseGrant(req, opts)),
-        leaseRevoke: route((c, req: Parameters<EtcdClient['leaseClient']['leaseRevoke']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseRevoke']>[1]) => c.leaseClient.leaseRevoke(req, opts)),
-        leaseTimeToLive: route((c, req: Parameters<EtcdClient['leaseClient']['leaseTimeToLive']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseTimeToLive']>[1]) => c.leaseClient.leaseTimeToLive(req, opts)),
+        leaseGrant: route((c, req: Parameters<EtcdClient['leaseClient']['leaseGrant']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseGrant']>[1]) =>
+          c.leaseClient.leaseGrant(req, opts),
+        ),
+        leaseRevoke: route((c, req: Parameters<EtcdClient['leaseClient']['leaseRevoke']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseRevoke']>[1]) =>
+          c.leaseClient.leaseRevoke(req, opts),
+        ),
+        leaseTimeToLive: route(
+          (c, req: Parameters<EtcdClient['leaseClient']['leaseTimeToLive']>[0], opts?: Parameters<EtcdClient['leaseClient']['leaseTimeToLive']>[1]) =>
+            c.leaseClient.leaseTimeToLive(req, opts),
+        ),
         // One stream (keepAliveOnce tries again when it fails).
         leaseKeepAlive: (opts?: Parameters<EtcdClient['leaseClient']['leaseKeepAlive']>[0]) => {
           const c = this.#streams();

@@ -3,8 +3,18 @@
  * leasehold's (by error class and gRPC status code, never by message text).
  */
 import {
-  ClientClosedError, EtcdLeaseInvalidError, GRPCInvalidArgumentError, GRPCOutOfRangeError, castGrpcError, isRecoverableError,
-  type Etcd3, type ICompare, type IKeyValue, type IOptions, type IRequestOp, type ITxnResponse,
+  ClientClosedError,
+  EtcdLeaseInvalidError,
+  GRPCInvalidArgumentError,
+  GRPCOutOfRangeError,
+  castGrpcError,
+  isRecoverableError,
+  type Etcd3,
+  type ICompare,
+  type IKeyValue,
+  type IOptions,
+  type IRequestOp,
+  type ITxnResponse,
 } from './driver.js';
 import { BackendUnavailableError, ClosedError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 
@@ -89,15 +99,27 @@ export const op = {
 export const cmp = {
   /** The key (or every key of the range) was created at `rev`; 0 means absent / range empty. */
   createdAt: (key: string, rev: bigint, end?: Buffer): ICompare => ({
-    key: b(key), range_end: end, target: 'Create', result: 'Equal', create_revision: rev.toString(),
+    key: b(key),
+    range_end: end,
+    target: 'Create',
+    result: 'Equal',
+    create_revision: rev.toString(),
   }),
   /** Every key of the range was created after `rev` (false for an empty range). */
   createdAfter: (key: string, rev: bigint, end?: Buffer): ICompare => ({
-    key: b(key), range_end: end, target: 'Create', result: 'Greater', create_revision: rev.toString(),
+    key: b(key),
+    range_end: end,
+    target: 'Create',
+    result: 'Greater',
+    create_revision: rev.toString(),
   }),
   /** Every key of the range was last modified at or before `rev` (true for an empty range). */
   modifiedBy: (key: string, rev: bigint, end?: Buffer): ICompare => ({
-    key: b(key), range_end: end, target: 'Mod', result: 'Less', mod_revision: (rev + 1n).toString(),
+    key: b(key),
+    range_end: end,
+    target: 'Mod',
+    result: 'Less',
+    mod_revision: (rev + 1n).toString(),
   }),
 };
 

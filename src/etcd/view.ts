@@ -87,7 +87,16 @@ export function parseView(prefix: string, kvs: readonly IKeyValue[], revision: b
     const v = parseJson(kv);
     const holder = typeof v.h === 'string' ? v.h : '';
     if (parsed.kind === 'entry') {
-      entries.push({ key, encOwner: parsed.encOwner, mode: parsed.mode, rev: BigInt(kv.create_revision), lease: String(kv.lease), granted: v.g === 1, holder, ownLease: v.o === 1 });
+      entries.push({
+        key,
+        encOwner: parsed.encOwner,
+        mode: parsed.mode,
+        rev: BigInt(kv.create_revision),
+        lease: String(kv.lease),
+        granted: v.g === 1,
+        holder,
+        ownLease: v.o === 1,
+      });
     } else {
       const token = typeof v.t === 'string' && /^[0-9]+$/.test(v.t) ? BigInt(v.t) : BigInt(kv.create_revision);
       delays.push({ key, encOwner: parsed.encOwner, lease: String(kv.lease), holder, token });
@@ -153,7 +162,11 @@ export function freeKeyGuards(layout: KeyLayout, mode: LockMode, entryKey: strin
 export function viewGuards(layout: KeyLayout, view: View, mode: LockMode, entryKey: string): ICompare[] {
   if (mode === 'exclusive') return freeKeyGuards(layout, mode, entryKey);
   const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
-  const guards = [cmp.createdAt(entryKey, 0n), cmp.createdAt(layout.exclusive, 0n, end(layout.exclusive)), cmp.modifiedBy(layout.delays, view.revision, end(layout.delays))];
+  const guards = [
+    cmp.createdAt(entryKey, 0n),
+    cmp.createdAt(layout.exclusive, 0n, end(layout.exclusive)),
+    cmp.modifiedBy(layout.delays, view.revision, end(layout.delays)),
+  ];
   for (const d of liveDelays(view)) {
     const holder = view.entries.find((e) => e.encOwner === d.encOwner)!;
     guards.push(cmp.createdAt(holder.key, holder.rev));
@@ -209,7 +222,11 @@ export function follower(waiter: Waiter): Follow {
   let delays = new Map(view.delays.map((d) => [d.key, d]));
   let done = false;
   const decide = (): HandOff | 'wake' | undefined => {
-    const now: View = { revision: 0n, entries: [...entries.values()].sort((a, b) => (a.rev < b.rev ? -1 : a.rev > b.rev ? 1 : 0)), delays: [...delays.values()] };
+    const now: View = {
+      revision: 0n,
+      entries: [...entries.values()].sort((a, b) => (a.rev < b.rev ? -1 : a.rev > b.rev ? 1 : 0)),
+      delays: [...delays.values()],
+    };
     const mine = now.entries.find((e) => e.key === own.key);
     // Still behind other requests, and nothing else in the way: keep following, say nothing.
     if (mine && ahead(now, mine, mode).length > 0 && orphans(now).length === 0) return undefined;

@@ -83,7 +83,13 @@ export class LockWatches {
     if (this.#closed) return { ready: Promise.resolve(), detach: () => {} };
     let watch = this.#watches.get(follow.prefix);
     if (!watch) {
-      watch = new LockWatch(this.client, follow.prefix, this.timeoutMs, (w) => this.#ended(w), (w) => this.#idled(w));
+      watch = new LockWatch(
+        this.client,
+        follow.prefix,
+        this.timeoutMs,
+        (w) => this.#ended(w),
+        (w) => this.#idled(w),
+      );
       this.#watches.set(follow.prefix, watch);
     }
     const timer = this.#idle.get(watch);
@@ -259,7 +265,9 @@ export class Wake {
   async target(target: WatchTarget): Promise<void> {
     if (this.#closed) return;
     const follow = target.follow;
-    const signature = follow ? JSON.stringify(['follow', follow.prefix, follow.id]) : JSON.stringify([target.prefix ?? null, ...target.keys, ...(target.revisions ?? [])]);
+    const signature = follow
+      ? JSON.stringify(['follow', follow.prefix, follow.id])
+      : JSON.stringify([target.prefix ?? null, ...target.keys, ...(target.revisions ?? [])]);
     if (signature === this.#signature && (!follow || this.#following)) return;
     this.#signature = signature;
     this.#following = follow !== undefined;

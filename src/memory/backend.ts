@@ -1,6 +1,4 @@
-import type {
-  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport,
-} from '../core/backend.js';
+import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
 import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
 import { checkObject, checkKnownOptions, checkBoolean, checkClock } from '../core/validate.js';
 import type { LockMode } from '../core/validate.js';
@@ -111,13 +109,16 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     r.timer = undefined;
     r.timerAt = next;
     if (next === Infinity || !subscribers.has(key)) return;
-    r.timer = clock.setTimeout(() => {
-      r.timer = undefined;
-      r.timerAt = Infinity;
-      purge(r, clock.now());
-      notify(key);
-      arm(key, r);
-    }, Math.max(0, next - now));
+    r.timer = clock.setTimeout(
+      () => {
+        r.timer = undefined;
+        r.timerAt = Infinity;
+        purge(r, clock.now());
+        notify(key);
+        arm(key, r);
+      },
+      Math.max(0, next - now),
+    );
   };
 
   const compatible = (r: KeyRecord, mode: LockMode): boolean => {
@@ -279,7 +280,8 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     async inspect(prefix: string): Promise<KeyState[]> {
       const now = clock.now();
       const out: KeyState[] = [];
-      for (const [key, r] of keys) { // core orders the answer (guardBackend)
+      for (const [key, r] of keys) {
+        // core orders the answer (guardBackend)
         if (!key.startsWith(prefix)) continue;
         purge(r, now);
         const delay = Math.max(0, r.delayUntil - now);

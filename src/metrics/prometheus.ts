@@ -163,47 +163,102 @@ function seriesOf(registry: unknown): Series {
   const registers = [reg];
   const series: Series = {
     clients,
-    acquires: get('leasehold_acquire_total', () => new prom.Counter({
-      name: 'leasehold_acquire_total', help: 'Acquires by outcome: acquired, timeout, busy (tryAcquire found the key held), aborted (signal or close), error.',
-      labelNames: ['backend', 'outcome', 'key'], registers,
-    })),
-    wait: get('leasehold_acquire_wait_seconds', () => new prom.Histogram({
-      name: 'leasehold_acquire_wait_seconds', help: 'Time from the acquire call to the grant.', labelNames: ['backend', 'key'], buckets: [...DURATION_BUCKETS], registers,
-    })),
-    held: get('leasehold_lease_held_seconds', () => new prom.Histogram({
-      name: 'leasehold_lease_held_seconds', help: 'Time from the grant to the release or loss of a lease.', labelNames: ['backend', 'key'], buckets: [...DURATION_BUCKETS], registers,
-    })),
-    leasesHeld: get('leasehold_leases_held', () => new prom.Gauge({
-      name: 'leasehold_leases_held', help: 'Leases this process holds now.', labelNames: ['backend'], registers,
-      collect() {
-        this.reset();
-        for (const c of clients) this.inc({ backend: c.locks.backendName ?? 'unknown' }, c.locks.leases().length);
-      },
-    })),
-    longestHeld: get('leasehold_lease_longest_held_seconds', () => new prom.Gauge({
-      name: 'leasehold_lease_longest_held_seconds', help: 'How long the oldest lease this process holds now has been held.', labelNames: ['backend'], registers,
-      collect() {
-        this.reset();
-        const now = performance.now();
-        const oldest = new Map<string, number>();
-        for (const c of clients) {
-          const backend = c.locks.backendName ?? 'unknown';
-          for (const since of c.since.values()) oldest.set(backend, Math.max(oldest.get(backend) ?? 0, (now - since) / 1000));
-        }
-        for (const [backend, seconds] of oldest) this.set({ backend }, seconds);
-      },
-    })),
-    lost: get('leasehold_leases_lost_total', () => new prom.Counter({
-      name: 'leasehold_leases_lost_total', help: 'Leases lost while held, by reason (expired, not-held, session-lost).', labelNames: ['backend', 'reason', 'key'], registers,
-    })),
-    renewals: get('leasehold_renewals_total', () => new prom.Counter({
-      name: 'leasehold_renewals_total', help: 'Renewal round trips by outcome (ok, failed); a session keep-alive counts once however many leases it keeps.',
-      labelNames: ['backend', 'outcome'], registers,
-    })),
-    fenceWrites: get('leasehold_fence_writes_total', () => new prom.Counter({
-      name: 'leasehold_fence_writes_total', help: 'Fenced writes by outcome: accepted, refused (a stale token: a zombie was stopped), error.',
-      labelNames: ['fence', 'outcome'], registers,
-    })),
+    acquires: get(
+      'leasehold_acquire_total',
+      () =>
+        new prom.Counter({
+          name: 'leasehold_acquire_total',
+          help: 'Acquires by outcome: acquired, timeout, busy (tryAcquire found the key held), aborted (signal or close), error.',
+          labelNames: ['backend', 'outcome', 'key'],
+          registers,
+        }),
+    ),
+    wait: get(
+      'leasehold_acquire_wait_seconds',
+      () =>
+        new prom.Histogram({
+          name: 'leasehold_acquire_wait_seconds',
+          help: 'Time from the acquire call to the grant.',
+          labelNames: ['backend', 'key'],
+          buckets: [...DURATION_BUCKETS],
+          registers,
+        }),
+    ),
+    held: get(
+      'leasehold_lease_held_seconds',
+      () =>
+        new prom.Histogram({
+          name: 'leasehold_lease_held_seconds',
+          help: 'Time from the grant to the release or loss of a lease.',
+          labelNames: ['backend', 'key'],
+          buckets: [...DURATION_BUCKETS],
+          registers,
+        }),
+    ),
+    leasesHeld: get(
+      'leasehold_leases_held',
+      () =>
+        new prom.Gauge({
+          name: 'leasehold_leases_held',
+          help: 'Leases this process holds now.',
+          labelNames: ['backend'],
+          registers,
+          collect() {
+            this.reset();
+            for (const c of clients) this.inc({ backend: c.locks.backendName ?? 'unknown' }, c.locks.leases().length);
+          },
+        }),
+    ),
+    longestHeld: get(
+      'leasehold_lease_longest_held_seconds',
+      () =>
+        new prom.Gauge({
+          name: 'leasehold_lease_longest_held_seconds',
+          help: 'How long the oldest lease this process holds now has been held.',
+          labelNames: ['backend'],
+          registers,
+          collect() {
+            this.reset();
+            const now = performance.now();
+            const oldest = new Map<string, number>();
+            for (const c of clients) {
+              const backend = c.locks.backendName ?? 'unknown';
+              for (const since of c.since.values()) oldest.set(backend, Math.max(oldest.get(backend) ?? 0, (now - since) / 1000));
+            }
+            for (const [backend, seconds] of oldest) this.set({ backend }, seconds);
+          },
+        }),
+    ),
+    lost: get(
+      'leasehold_leases_lost_total',
+      () =>
+        new prom.Counter({
+          name: 'leasehold_leases_lost_total',
+          help: 'Leases lost while held, by reason (expired, not-held, session-lost).',
+          labelNames: ['backend', 'reason', 'key'],
+          registers,
+        }),
+    ),
+    renewals: get(
+      'leasehold_renewals_total',
+      () =>
+        new prom.Counter({
+          name: 'leasehold_renewals_total',
+          help: 'Renewal round trips by outcome (ok, failed); a session keep-alive counts once however many leases it keeps.',
+          labelNames: ['backend', 'outcome'],
+          registers,
+        }),
+    ),
+    fenceWrites: get(
+      'leasehold_fence_writes_total',
+      () =>
+        new prom.Counter({
+          name: 'leasehold_fence_writes_total',
+          help: 'Fenced writes by outcome: accepted, refused (a stale token: a zombie was stopped), error.',
+          labelNames: ['fence', 'outcome'],
+          registers,
+        }),
+    ),
   };
   byRegistry.set(reg, series);
   return series;

@@ -41,7 +41,11 @@ export function traceLocks(locks: Locks, options?: TraceLocksOptions): () => voi
   const record = (key: string, waitedMs: number, outcome: string, extra: Record<string, string | number> = {}, error?: unknown): void => {
     const span = tracer.startSpan(
       'leasehold.acquire',
-      { kind: api.SpanKind.INTERNAL, startTime: Date.now() - waitedMs, attributes: { 'leasehold.key': key, 'leasehold.waited_ms': Math.round(waitedMs), 'leasehold.outcome': outcome, ...extra } },
+      {
+        kind: api.SpanKind.INTERNAL,
+        startTime: Date.now() - waitedMs,
+        attributes: { 'leasehold.key': key, 'leasehold.waited_ms': Math.round(waitedMs), 'leasehold.outcome': outcome, ...extra },
+      },
       api.context.active(),
     );
     if (outcome === 'error') {
@@ -64,7 +68,8 @@ export function traceLocks(locks: Locks, options?: TraceLocksOptions): () => voi
       const k = id(e.key, e.token);
       const span = holders.get(k);
       holders.delete(k);
-      if (span?.isRecording()) span.addEvent('leasehold.lease_lost', { 'leasehold.key': e.key, 'leasehold.token': e.token.toString(), 'leasehold.reason': e.reason });
+      if (span?.isRecording())
+        span.addEvent('leasehold.lease_lost', { 'leasehold.key': e.key, 'leasehold.token': e.token.toString(), 'leasehold.reason': e.reason });
     },
   };
   for (const [name, handler] of Object.entries(handlers)) locks.on(name as 'acquired', handler as never);

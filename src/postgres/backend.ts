@@ -1,7 +1,5 @@
 import * as pg from './driver.js';
-import type {
-  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult,
-} from '../core/backend.js';
+import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { Listener, type ListenConnection } from './listener.js';
@@ -288,7 +286,9 @@ function settleWithin(p: Promise<unknown>, ms: number): Promise<void> {
  */
 function socketOf(client: unknown): { readonly destroyed: boolean; destroy(): void } | undefined {
   const stream = (client as { connection?: { stream?: { destroyed?: unknown; destroy?: unknown } } } | null)?.connection?.stream;
-  return stream && typeof stream.destroy === 'function' && typeof stream.destroyed === 'boolean' ? (stream as { destroyed: boolean; destroy(): void }) : undefined;
+  return stream && typeof stream.destroy === 'function' && typeof stream.destroyed === 'boolean'
+    ? (stream as { destroyed: boolean; destroy(): void })
+    : undefined;
 }
 
 /** The pool made from a connection string: bounded connect and statement times, so a dead server is an error, not a hang. */

@@ -66,7 +66,11 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
       case '25P02':
         return new InvalidArgumentError('mutate', 'a statement inside mutate failed and aborted the transaction; nothing was committed', { cause: error });
       case '3B001':
-        return new InvalidArgumentError('mutate', 'mutate ended the fenced transaction and began another (a ROLLBACK or COMMIT inside a multi-statement string?); it was rolled back, nothing of it committed', { cause: error });
+        return new InvalidArgumentError(
+          'mutate',
+          'mutate ended the fenced transaction and began another (a ROLLBACK or COMMIT inside a multi-statement string?); it was rolled back, nothing of it committed',
+          { cause: error },
+        );
       case '25P01': {
         // mutate ended the transaction itself: committed (the mark is there) or rolled back (it is not)
         let mark: bigint | undefined;
@@ -78,9 +82,18 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
         }
         if (mark === t) {
           const maybe = before === t ? 'committed (or rolled back: the mark was already at this token)' : 'committed';
-          return new PartialWriteError(resource, t, `mutate ended the fenced transaction itself (a COMMIT inside a multi-statement string?): it was ${maybe} with whatever mutate ran before that; the rest of mutate ran outside the fence`, { cause: error });
+          return new PartialWriteError(
+            resource,
+            t,
+            `mutate ended the fenced transaction itself (a COMMIT inside a multi-statement string?): it was ${maybe} with whatever mutate ran before that; the rest of mutate ran outside the fence`,
+            { cause: error },
+          );
         }
-        return new InvalidArgumentError('mutate', 'mutate rolled back the fenced transaction itself (a ROLLBACK inside a multi-statement string?); the mark was not raised and nothing the fence ran was committed', { cause: error });
+        return new InvalidArgumentError(
+          'mutate',
+          'mutate rolled back the fenced transaction itself (a ROLLBACK inside a multi-statement string?); the mark was not raised and nothing the fence ran was committed',
+          { cause: error },
+        );
       }
       default:
         return mapPgError('commit', error);
@@ -190,7 +203,8 @@ function refusePg(method: string, args: unknown[]): string | undefined {
     const q = args[0] as { text?: unknown } | string | null | undefined;
     const text = typeof q === 'string' ? q : typeof q === 'object' && q !== null && typeof q.text === 'string' ? q.text : undefined;
     const statement = text === undefined ? undefined : transactionControl(text);
-    if (statement !== undefined) return `mutate ran ${statement} inside the fenced transaction; the fence commits or rolls back itself (refused; the write was rolled back)`;
+    if (statement !== undefined)
+      return `mutate ran ${statement} inside the fenced transaction; the fence commits or rolls back itself (refused; the write was rolled back)`;
   }
   return undefined;
 }

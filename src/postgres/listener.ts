@@ -130,7 +130,11 @@ export class Listener {
   #ensure(): Promise<ListenConnection> {
     if (this.#closed) return Promise.reject(new Error('listener closed'));
     if (this.#pooled) {
-      return Promise.reject(new Error('LISTEN does not stay on this connection (a transaction-mode pooler such as PgBouncer?); give listenConnectionString pointing at PostgreSQL itself'));
+      return Promise.reject(
+        new Error(
+          'LISTEN does not stay on this connection (a transaction-mode pooler such as PgBouncer?); give listenConnectionString pointing at PostgreSQL itself',
+        ),
+      );
     }
     if (this.#connection) return Promise.resolve(this.#connection);
     this.#connecting ??= this.#open().finally(() => {
@@ -216,14 +220,17 @@ export class Listener {
   #scheduleReconnect(): void {
     if (this.#reconnectTimer || this.#closed) return;
     const ceiling = Math.min(RECONNECT_CAP_MS, RECONNECT_BASE_MS * 2 ** Math.min(this.#reconnectAttempt++, 10));
-    this.#reconnectTimer = setTimeout(() => {
-      this.#reconnectTimer = undefined;
-      if (this.#closed || this.#subscribers.size === 0 || this.#connection) return;
-      this.#ensure().then(
-        () => this.wakeAll(), // notifications sent while we were away are gone: everyone re-checks
-        () => this.#scheduleReconnect(),
-      );
-    }, ceiling * (0.5 + Math.random() / 2));
+    this.#reconnectTimer = setTimeout(
+      () => {
+        this.#reconnectTimer = undefined;
+        if (this.#closed || this.#subscribers.size === 0 || this.#connection) return;
+        this.#ensure().then(
+          () => this.wakeAll(), // notifications sent while we were away are gone: everyone re-checks
+          () => this.#scheduleReconnect(),
+        );
+      },
+      ceiling * (0.5 + Math.random() / 2),
+    );
     this.#reconnectTimer.unref();
   }
 

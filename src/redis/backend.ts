@@ -123,7 +123,8 @@ function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Ba
   checkKnownOptions(o, ['url', 'client', 'prefix', 'sessions', 'commandTimeoutMs', 'retainMs'], 'options');
   if ((o.url === undefined) === (o.client === undefined)) throw new InvalidArgumentError('options', 'give exactly one of url or client');
   const prefix = o.prefix === undefined ? REDIS_DEFAULTS.prefix : checkKeyPrefix(o.prefix, 'options.prefix');
-  const commandTimeoutMs = o.commandTimeoutMs === undefined ? REDIS_DEFAULTS.commandTimeoutMs : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, MAX_DURATION_MS);
+  const commandTimeoutMs =
+    o.commandTimeoutMs === undefined ? REDIS_DEFAULTS.commandTimeoutMs : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, MAX_DURATION_MS);
   const retainMs = o.retainMs === undefined ? REDIS_DEFAULTS.retainMs : checkInteger(o.retainMs, 'options.retainMs', 60_000, MAX_DURATION_MS);
   const conn = o.url !== undefined ? connectUrl(o.url, urlArgument) : wrapClient(o.client, 'options.client');
   const withSessions = o.sessions === undefined ? !conn.isCluster : checkBoolean(o.sessions, 'options.sessions');

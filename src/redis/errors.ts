@@ -33,9 +33,17 @@ export function mapRedisError(backend: string, what: string, error: unknown): Le
   const message = error instanceof Error ? error.message : String(error);
   switch (replyCode(error)) {
     case 'WRONGTYPE':
-      return new InvalidArgumentError('key', `${what}: a Redis key leasehold uses holds a value of another type (is the prefix shared with other data?): ${message}`, { cause: error });
+      return new InvalidArgumentError(
+        'key',
+        `${what}: a Redis key leasehold uses holds a value of another type (is the prefix shared with other data?): ${message}`,
+        { cause: error },
+      );
     case 'CROSSSLOT':
-      return new InvalidArgumentError('options.sessions', `${what}: keys of different cluster slots in one script; sessions need a single Redis node (pass sessions: false on Redis Cluster): ${message}`, { cause: error });
+      return new InvalidArgumentError(
+        'options.sessions',
+        `${what}: keys of different cluster slots in one script; sessions need a single Redis node (pass sessions: false on Redis Cluster): ${message}`,
+        { cause: error },
+      );
     default:
       return new BackendUnavailableError(backend, `${what} failed: ${message}`, { cause: error });
   }

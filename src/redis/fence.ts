@@ -110,7 +110,10 @@ const MAX_ATTEMPTS = 100;
  *   them after 10 s idle; `close()` closes them now. `client` itself stays yours.
  */
 export function redisFence(client: RedisFenceClient, options?: RedisFenceOptions): Fence<RedisMulti> & { close(): Promise<void> };
-export function redisFence<Multi extends NodeRedisFenceMulti = NodeRedisMulti>(client: NodeRedisFenceClient, options?: RedisFenceOptions): Fence<Multi> & { close(): Promise<void> };
+export function redisFence<Multi extends NodeRedisFenceMulti = NodeRedisMulti>(
+  client: NodeRedisFenceClient,
+  options?: RedisFenceOptions,
+): Fence<Multi> & { close(): Promise<void> };
 export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, options?: RedisFenceOptions): Fence<unknown> & { close(): Promise<void> } {
   const c = client as unknown as Record<string, unknown> | null;
   if (typeof c !== 'object' || c === null || typeof c.duplicate !== 'function' || typeof c.get !== 'function') {
@@ -126,7 +129,10 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
   const deadlines = new Deadlines(timeoutMs, 'redis fence');
   const call = <T>(p: Promise<T>, what: string): Promise<T> => deadlines.bound(p, what);
   // The same rule as the backends' (wrapClient): ioredis has `call`, node-redis has `sendCommand` and no `call`.
-  const open = typeof c.call !== 'function' && typeof c.sendCommand === 'function' ? nodeRedisTx(client as NodeRedisFenceClient, call) : ioredisTx(client as RedisFenceClient, call);
+  const open =
+    typeof c.call !== 'function' && typeof c.sendCommand === 'function'
+      ? nodeRedisTx(client as NodeRedisFenceClient, call)
+      : ioredisTx(client as RedisFenceClient, call);
   const pool = new Pool(open, size);
 
   return {
@@ -166,14 +172,17 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
           const outcome = await call(conn.exec(tx), 'exec');
           if (outcome === 'conflict') {
             // The mark changed between WATCH and EXEC (another writer): nothing ran; check again.
-            if (attempt >= MAX_ATTEMPTS) throw new BackendUnavailableError('redis fence', `write to "${resource}" kept conflicting with other writers (${attempt} tries)`);
+            if (attempt >= MAX_ATTEMPTS)
+              throw new BackendUnavailableError('redis fence', `write to "${resource}" kept conflicting with other writers (${attempt} tries)`);
             continue;
           }
           if (outcome !== undefined && 'discarded' in outcome) {
             const error = outcome.discarded;
             const code = replyCode(error);
             if (code === 'ERR' || code === 'EXECABORT' || code === 'CROSSSLOT') {
-              throw new InvalidArgumentError('mutate', `Redis refused a command mutate queued (${error.message}) and discarded the transaction: nothing ran`, { cause: error });
+              throw new InvalidArgumentError('mutate', `Redis refused a command mutate queued (${error.message}) and discarded the transaction: nothing ran`, {
+                cause: error,
+              });
             }
             healthy = false;
             throw mapRedisError('redis fence', 'exec', error);
@@ -181,7 +190,12 @@ export function redisFence(client: RedisFenceClient | NodeRedisFenceClient, opti
           if (outcome !== undefined) {
             const { index, error } = outcome;
             // index 0 is the fence's own SET of the mark; mutate's commands follow
-            throw new PartialWriteError(resource, t, `the command #${index} queued by mutate failed when EXEC ran it (${error.message}); Redis does not roll back: the mark and the other commands were applied`, { cause: error });
+            throw new PartialWriteError(
+              resource,
+              t,
+              `the command #${index} queued by mutate failed when EXEC ran it (${error.message}); Redis does not roll back: the mark and the other commands were applied`,
+              { cause: error },
+            );
           }
           return result;
         }

@@ -1,12 +1,8 @@
 import Database from 'better-sqlite3';
-import type {
-  AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult,
-} from '../core/backend.js';
+import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
-import {
-  checkIdentifier, checkMachineClock, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase,
-} from './util.js';
+import { checkIdentifier, checkMachineClock, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase } from './util.js';
 
 export interface SqliteBackendOptions {
   /** Database file; created if missing. Give this or `database`. */
@@ -42,7 +38,10 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     throw new InvalidArgumentError('path', `expected a file path, got ${describe(o.path)}`);
   }
   const database = o.database as SqliteDatabase | null | undefined;
-  if (database !== undefined && (typeof database !== 'object' || database === null || typeof database.prepare !== 'function' || typeof database.transaction !== 'function')) {
+  if (
+    database !== undefined &&
+    (typeof database !== 'object' || database === null || typeof database.prepare !== 'function' || typeof database.transaction !== 'function')
+  ) {
     throw new InvalidArgumentError('database', `expected a better-sqlite3 Database, got ${describe(database)}`);
   }
   const table = checkIdentifier(o.table ?? 'leasehold_locks', 'table');
@@ -125,7 +124,24 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       throw mapError('open', error);
     }));
 
-  type Prepared = Record<'selectHolders' | 'deleteHolder' | 'deleteHolderWithToken' | 'insertHolder' | 'renewHolder' | 'selectTokenRow' | 'nextToken' | 'setDelay' | 'purgeWaiters' | 'selectWaiters' | 'selectPlaces' | 'enqueue' | 'dequeue' | 'listKeys' | 'countWaiters', ReturnType<SqliteDatabase['prepare']>>;
+  type Prepared = Record<
+    | 'selectHolders'
+    | 'deleteHolder'
+    | 'deleteHolderWithToken'
+    | 'insertHolder'
+    | 'renewHolder'
+    | 'selectTokenRow'
+    | 'nextToken'
+    | 'setDelay'
+    | 'purgeWaiters'
+    | 'selectWaiters'
+    | 'selectPlaces'
+    | 'enqueue'
+    | 'dequeue'
+    | 'listKeys'
+    | 'countWaiters',
+    ReturnType<SqliteDatabase['prepare']>
+  >;
   let prepared: Prepared | undefined;
   const st = (): Prepared =>
     (prepared ??= {
@@ -146,7 +162,15 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       countWaiters: db.prepare(COUNT_WAITERS),
     });
 
-  interface HolderRow { owner: string; mode: LockMode; token: bigint; holder: string; expires_at: bigint; epoch: string; lock_delay_ms: bigint }
+  interface HolderRow {
+    owner: string;
+    mode: LockMode;
+    token: bigint;
+    holder: string;
+    expires_at: bigint;
+    epoch: string;
+    lock_delay_ms: bigint;
+  }
 
   /** Removes expired holders of `key` (starting their lock-delay, I8) and expired queue places; returns the live holders. */
   const purge = (key: string, now: number, epoch: string): HolderRow[] => {
@@ -207,7 +231,10 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     if (req.queue) {
       // A fresh place is left as it is: refreshing it on every ask would be a commit that wakes every other waiter.
       const place = waiters.find((w) => w.owner === req.owner) as { owner: string } | undefined;
-      const fresh = place && Number((s.selectPlaces.all(req.key) as { owner: string; expires_at: bigint }[]).find((w) => w.owner === req.owner)?.expires_at ?? 0) - now >= req.queueTtlMs / 2;
+      const fresh =
+        place &&
+        Number((s.selectPlaces.all(req.key) as { owner: string; expires_at: bigint }[]).find((w) => w.owner === req.owner)?.expires_at ?? 0) - now >=
+          req.queueTtlMs / 2;
       if (!fresh) s.enqueue.run({ key: req.key, owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs, epoch });
     }
     let soonest = delayUntil > now ? delayUntil : Infinity;
@@ -282,7 +309,10 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     // back with it: a rollback takes the token counter back (the next grant repeats the token), or
     // the tables created on first use.
     if (db.inTransaction) {
-      throw new InvalidArgumentError('database', `${what}: the connection has an open transaction, which leasehold's writes would join; finish it first or give the backend its own connection (path)`);
+      throw new InvalidArgumentError(
+        'database',
+        `${what}: the connection has an open transaction, which leasehold's writes would join; finish it first or give the backend its own connection (path)`,
+      );
     }
     await init();
     try {
@@ -309,10 +339,12 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     async release(req: ReleaseRequest): Promise<void> {
       // Purge first: a holder that already expired is not "released" — its lock-delay starts (I8).
       const { changes } = await run('release', () =>
-        db.transaction(() => {
-          purge(req.key, clock.now(), clock.epoch);
-          return st().deleteHolderWithToken.run(req.key, req.owner, req.token);
-        }).immediate(),
+        db
+          .transaction(() => {
+            purge(req.key, clock.now(), clock.epoch);
+            return st().deleteHolderWithToken.run(req.key, req.owner, req.token);
+          })
+          .immediate(),
       );
       if (changes > 0) notifyAll();
     },
@@ -333,26 +365,28 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
 
     async inspect(prefix: string): Promise<KeyState[]> {
       return run('inspect', () =>
-        db.transaction((): KeyState[] => {
-          const s = st();
-          const now = clock.now();
-          const out: KeyState[] = [];
-          for (const { key } of s.listKeys.all({ n: [...prefix].length, prefix }) as { key: string }[]) {
-            const holders = purge(key, now, clock.epoch);
-            const t = s.selectTokenRow.get(key) as { last_token: bigint; delay_until: bigint; delay_epoch: string } | undefined;
-            const delay = t && t.delay_epoch === clock.epoch ? Math.max(0, Number(t.delay_until) - now) : 0;
-            const waiters = Number((s.countWaiters.get(key) as { n: number }).n);
-            if (holders.length === 0 && waiters === 0 && delay === 0) continue;
-            out.push({
-              key,
-              lastToken: t?.last_token ?? 0n,
-              holders: holders.map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, Number(h.expires_at) - now) })),
-              waiters,
-              lockDelayRemainingMs: delay,
-            });
-          }
-          return out;
-        }).immediate(),
+        db
+          .transaction((): KeyState[] => {
+            const s = st();
+            const now = clock.now();
+            const out: KeyState[] = [];
+            for (const { key } of s.listKeys.all({ n: [...prefix].length, prefix }) as { key: string }[]) {
+              const holders = purge(key, now, clock.epoch);
+              const t = s.selectTokenRow.get(key) as { last_token: bigint; delay_until: bigint; delay_epoch: string } | undefined;
+              const delay = t && t.delay_epoch === clock.epoch ? Math.max(0, Number(t.delay_until) - now) : 0;
+              const waiters = Number((s.countWaiters.get(key) as { n: number }).n);
+              if (holders.length === 0 && waiters === 0 && delay === 0) continue;
+              out.push({
+                key,
+                lastToken: t?.last_token ?? 0n,
+                holders: holders.map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, Number(h.expires_at) - now) })),
+                waiters,
+                lockDelayRemainingMs: delay,
+              });
+            }
+            return out;
+          })
+          .immediate(),
       );
     },
 

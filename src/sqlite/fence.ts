@@ -14,7 +14,8 @@ function refuseSqlite(method: string, args: unknown[]): string | undefined {
   if (method === 'close') return 'mutate closed the database inside the fenced transaction (refused; the write was rolled back)';
   if ((method === 'exec' || method === 'prepare') && typeof args[0] === 'string') {
     const statement = transactionControl(args[0]);
-    if (statement !== undefined) return `mutate ran ${statement} inside the fenced transaction; the fence commits or rolls back itself (refused; the write was rolled back)`;
+    if (statement !== undefined)
+      return `mutate ran ${statement} inside the fenced transaction; the fence commits or rolls back itself (refused; the write was rolled back)`;
   }
   return undefined;
 }
@@ -74,9 +75,16 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
     }
     if (mark === t) {
       const maybe = before === t ? 'committed (or rolled back: the mark was already at this token)' : 'committed';
-      return new PartialWriteError(resource, t, `mutate ended the fenced transaction itself (a COMMIT inside an exec string?): it was ${maybe} with whatever mutate had written before that; the rest of mutate ran outside the fence`);
+      return new PartialWriteError(
+        resource,
+        t,
+        `mutate ended the fenced transaction itself (a COMMIT inside an exec string?): it was ${maybe} with whatever mutate had written before that; the rest of mutate ran outside the fence`,
+      );
     }
-    return new InvalidArgumentError('mutate', 'mutate rolled back the fenced transaction itself (a ROLLBACK inside an exec string?); the mark was not raised and nothing the fence ran was committed');
+    return new InvalidArgumentError(
+      'mutate',
+      'mutate rolled back the fenced transaction itself (a ROLLBACK inside an exec string?); the mark was not raised and nothing the fence ran was committed',
+    );
   };
 
   return {
@@ -115,7 +123,10 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
         // A COMMIT or ROLLBACK hidden in one exec string (and maybe a new BEGIN) got past the guard.
         if (!db.inTransaction) throw new TransactionEnded();
         if ((s.select.get(resource) as { token: bigint } | undefined)?.token !== t) {
-          throw new InvalidArgumentError('mutate', 'mutate rolled back the fenced transaction and began another (the fence\'s mark is gone from it); rolled back, nothing committed');
+          throw new InvalidArgumentError(
+            'mutate',
+            "mutate rolled back the fenced transaction and began another (the fence's mark is gone from it); rolled back, nothing committed",
+          );
         }
         return result as R;
       });
@@ -145,7 +156,6 @@ export function sqliteFence(db: SqliteDatabase, options?: SqliteFenceOptions): F
     },
   };
 }
-
 
 /** Failures of the fence's own statements (a closed database, a disk error) are the store's: BackendUnavailableError. */
 function storeError(what: string, error: unknown): LeaseholdError {

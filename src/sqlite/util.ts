@@ -98,8 +98,6 @@ export function machineClock(): MachineClock {
   } catch {
     bootId = undefined;
   }
-  cachedMachineClock = bootId
-    ? { now: () => Number(process.hrtime.bigint() / 1_000_000n), epoch: `boot:${bootId}` }
-    : { now: () => Date.now(), epoch: 'wall' };
+  cachedMachineClock = bootId ? { now: () => Number(process.hrtime.bigint() / 1_000_000n), epoch: `boot:${bootId}` } : { now: () => Date.now(), epoch: 'wall' };
   return cachedMachineClock;
 }

@@ -154,7 +154,9 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       const k = key('owner');
       const backend = await h.connect();
       try {
-        const grant = expectGranted(await backend.acquire({ key: k, owner: 'owner-1', mode: 'exclusive', ttlMs: 10 * T, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2000 }));
+        const grant = expectGranted(
+          await backend.acquire({ key: k, owner: 'owner-1', mode: 'exclusive', ttlMs: 10 * T, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2000 }),
+        );
         const base = { key: k, mode: 'exclusive' as const };
         expect(await backend.renew({ ...base, owner: 'owner-2', token: grant.token, ttlMs: 10 * T })).toEqual({ renewed: false });
         expect(await backend.renew({ ...base, owner: 'owner-1', token: grant.token + 1n, ttlMs: 10 * T })).toEqual({ renewed: false });
@@ -184,7 +186,16 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       const k = key('retry');
       const backend = await h.connect();
       try {
-        const request = { key: k, owner: 'owner-retry', mode: 'exclusive' as const, ttlMs: 3 * T, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2000 };
+        const request = {
+          key: k,
+          owner: 'owner-retry',
+          mode: 'exclusive' as const,
+          ttlMs: 3 * T,
+          lockDelayMs: 0,
+          holder: 'test',
+          queue: false,
+          queueTtlMs: 2000,
+        };
         expectGranted(await backend.acquire(request));
         await sleep(2 * T);
         const again = expectGranted(await backend.acquire(request)); // the same grant, or (Redlock) a new one replacing it
@@ -446,7 +457,7 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       expect(order).toEqual([0, 1, 2, 3]);
     });
 
-    it('sessions (backends with sessions): one keep-alive per interval renews all of a client\'s leases; losing it aborts all', async (ctx) => {
+    it("sessions (backends with sessions): one keep-alive per interval renews all of a client's leases; losing it aborts all", async (ctx) => {
       const probe = counting(await h.connect());
       const sessions = probe.backend.sessions;
       if (!sessions) {

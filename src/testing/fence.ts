@@ -51,7 +51,11 @@ function checkHistory(accepted: bigint[], counter: number, log: string[]): strin
  * Concurrent writers with shuffled tokens on one resource: records the order in which writes
  * were accepted (read back from the log written inside the transaction) and checks it.
  */
-async function contend<Tx>(h: Pick<FenceHarness<Tx>, 'fence' | 'increment' | 'append' | 'counter' | 'log' | 'synchronous'>, resource: string, writers: number): Promise<{ problems: string[]; accepted: number; refused: number }> {
+async function contend<Tx>(
+  h: Pick<FenceHarness<Tx>, 'fence' | 'increment' | 'append' | 'counter' | 'log' | 'synchronous'>,
+  resource: string,
+  writers: number,
+): Promise<{ problems: string[]; accepted: number; refused: number }> {
   const tokens = Array.from({ length: writers }, (_, i) => BigInt(i + 1));
   for (let i = tokens.length - 1; i > 0; i--) {
     const j = Math.floor(Math.random() * (i + 1));
@@ -61,7 +65,13 @@ async function contend<Tx>(h: Pick<FenceHarness<Tx>, 'fence' | 'increment' | 'ap
   await Promise.all(
     tokens.map(async (t) => {
       try {
-        await h.fence.write(resource, t, (tx) => steps(h, () => h.increment(tx, resource), () => h.append(tx, resource, t.toString())));
+        await h.fence.write(resource, t, (tx) =>
+          steps(
+            h,
+            () => h.increment(tx, resource),
+            () => h.append(tx, resource, t.toString()),
+          ),
+        );
       } catch (error) {
         if (!(error instanceof StaleTokenError)) throw error;
         refused++;
@@ -115,7 +125,11 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       const r = res('norun');
       await h.fence.write(r, 10n, () => {});
       let ran = false;
-      await expect(h.fence.write(r, 9n, () => { ran = true; })).rejects.toBeInstanceOf(StaleTokenError);
+      await expect(
+        h.fence.write(r, 9n, () => {
+          ran = true;
+        }),
+      ).rejects.toBeInstanceOf(StaleTokenError);
       expect(ran).toBe(false);
     });
 
@@ -142,8 +156,26 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
     it('bad tokens, resources and mutations are refused with InvalidArgumentError and change nothing', async () => {
       const r = res('bad');
       await h.fence.write(r, 2n, () => {});
-      for (const bad of [0n, -1n, MAX_TOKEN + 1n, '', '01', '1.5', '-3', ' 3', '3 ', 'lh1.e.x.YQ', 'lh9.e.3.YQ', 'nonsense', 3 as unknown as bigint, null as unknown as bigint]) {
-        await expect(h.fence.write(r, bad, () => {}), `token ${String(bad)}`).rejects.toBeInstanceOf(InvalidArgumentError);
+      for (const bad of [
+        0n,
+        -1n,
+        MAX_TOKEN + 1n,
+        '',
+        '01',
+        '1.5',
+        '-3',
+        ' 3',
+        '3 ',
+        'lh1.e.x.YQ',
+        'lh9.e.3.YQ',
+        'nonsense',
+        3 as unknown as bigint,
+        null as unknown as bigint,
+      ]) {
+        await expect(
+          h.fence.write(r, bad, () => {}),
+          `token ${String(bad)}`,
+        ).rejects.toBeInstanceOf(InvalidArgumentError);
       }
       await expect(h.fence.write('', 3n, () => {})).rejects.toMatchObject({ argument: 'resource' });
       await expect(h.fence.write(r, 3n, 'not a function' as never)).rejects.toMatchObject({ argument: 'mutate' });
@@ -155,11 +187,17 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       const r = res('throw');
       await h.fence.write(r, 1n, (tx) => h.append(tx, r, 'one'));
       const own = new Error('mine');
-      const caught = await h.fence.write(r, 2n, (tx) =>
-        steps(h, () => h.append(tx, r, 'two'), () => {
-          throw own;
-        }),
-      ).catch((e: unknown) => e);
+      const caught = await h.fence
+        .write(r, 2n, (tx) =>
+          steps(
+            h,
+            () => h.append(tx, r, 'two'),
+            () => {
+              throw own;
+            },
+          ),
+        )
+        .catch((e: unknown) => e);
       expect(caught).toBe(own);
       expect(await h.fence.highest(r)).toBe(1n);
       // the failed token can still be used: nothing was raised
@@ -172,11 +210,17 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       const r = res('undo');
       await h.fence.write(r, 1n, (tx) => h.append(tx, r, 'one'));
       const own = new Error('mine');
-      const caught = await h.fence.write(r, 2n, (tx) =>
-        steps(h, () => h.append(tx, r, 'two'), () => {
-          throw own;
-        }),
-      ).catch((e: unknown) => e);
+      const caught = await h.fence
+        .write(r, 2n, (tx) =>
+          steps(
+            h,
+            () => h.append(tx, r, 'two'),
+            () => {
+              throw own;
+            },
+          ),
+        )
+        .catch((e: unknown) => e);
       expect(caught).toBe(own);
       expect(await h.log(r)).toEqual(['one']);
       expect(await h.fence.highest(r)).toBe(1n);
@@ -213,8 +257,15 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       expect(await h.fence.highest(r)).toBe(5n);
       expect(await h.log(r)).toEqual(['own', 'own again', 'bare']);
       // bad options are refused before anything runs
-      for (const [bad, argument] of [[{ lockKey: '' }, 'options.lockKey'], [{ lockkey: own }, 'options.lockkey'], ['lock', 'options']] as const) {
-        await expect(h.fence.write(r, 6n, () => {}, bad as never), argument).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument });
+      for (const [bad, argument] of [
+        [{ lockKey: '' }, 'options.lockKey'],
+        [{ lockkey: own }, 'options.lockkey'],
+        ['lock', 'options'],
+      ] as const) {
+        await expect(
+          h.fence.write(r, 6n, () => {}, bad as never),
+          argument,
+        ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', argument });
       }
       expect(await h.fence.highest(r)).toBe(5n);
     });
@@ -226,9 +277,14 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       // A harness without fenceWith (third-party fences) gets the same per-resource checks through the per-call option.
       const guarded: Fence<Tx> = h.fenceWith
         ? h.fenceWith({ lockKey: lockOf })
-        : { write: (x, t, m, o) => h.fence.write(x, t, m, o ?? (lockOf(x) === undefined ? undefined : { lockKey: lockOf(x)! })), highest: (x) => h.fence.highest(x) };
+        : {
+            write: (x, t, m, o) => h.fence.write(x, t, m, o ?? (lockOf(x) === undefined ? undefined : { lockKey: lockOf(x)! })),
+            highest: (x) => h.fence.highest(x),
+          };
       await guarded.write(r, formatSequencer(`lock:${r}`, 'exclusive', 2n), (tx) => h.append(tx, r, 'own'));
-      await expect(guarded.write(r, formatSequencer('other-lock', 'shared', 2n), (tx) => h.append(tx, r, 'other'))).rejects.toMatchObject({ argument: 'token' });
+      await expect(guarded.write(r, formatSequencer('other-lock', 'shared', 2n), (tx) => h.append(tx, r, 'other'))).rejects.toMatchObject({
+        argument: 'token',
+      });
       // the call's lockKey overrides the option
       await guarded.write(r, formatSequencer('renamed', 'exclusive', 3n), (tx) => h.append(tx, r, 'renamed'), { lockKey: 'renamed' });
       // a resource the function gives no lock for is not checked

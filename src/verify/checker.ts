@@ -135,8 +135,14 @@ export function check(input: CheckInput): CheckOutput {
   const leaseKey = (w: number, token: string | bigint): string => `${w}/${token}`;
   for (const e of of('granted')) {
     leases.set(leaseKey(e.w, e.token), {
-      w: e.w, op: e.op, token: BigInt(e.token), acquireAt: acquires.get(e.op) ?? e.t, grantedAt: e.t,
-      releaseAt: undefined, learned: undefined, until: undefined,
+      w: e.w,
+      op: e.op,
+      token: BigInt(e.token),
+      acquireAt: acquires.get(e.op) ?? e.t,
+      grantedAt: e.t,
+      releaseAt: undefined,
+      learned: undefined,
+      until: undefined,
     });
   }
   for (const e of events) {
@@ -202,7 +208,10 @@ function checkGrants(leases: LeaseRecord[]): CheckResult {
   const byToken = new Map<bigint, LeaseRecord>();
   for (const l of leases) {
     const other = byToken.get(l.token);
-    if (other) violations.push(`token ${l.token} granted twice: to w${other.w} (${other.op}) at ${fmt(other.grantedAt)} and to w${l.w} (${l.op}) at ${fmt(l.grantedAt)}`);
+    if (other)
+      violations.push(
+        `token ${l.token} granted twice: to w${other.w} (${other.op}) at ${fmt(other.grantedAt)} and to w${l.w} (${l.op}) at ${fmt(l.grantedAt)}`,
+      );
     else byToken.set(l.token, l);
   }
   // A grant requested after another completed must have a larger token.
@@ -216,11 +225,19 @@ function checkGrants(leases: LeaseRecord[]): CheckResult {
       i++;
     }
     if (max && max.token > l.token) {
-      violations.push(`w${l.w} (${l.op}) requested at ${fmt(l.acquireAt)} and got token ${l.token}, lower than token ${max.token} granted to w${max.w} at ${fmt(max.grantedAt)}`);
+      violations.push(
+        `w${l.w} (${l.op}) requested at ${fmt(l.acquireAt)} and got token ${l.token}, lower than token ${max.token} granted to w${max.w} at ${fmt(max.grantedAt)}`,
+      );
     }
   }
-  return result('grants', 'grants: tokens unique and increasing (I1, I2)', violations,
-    violations.length === 0 ? `${leases.length} grants, every token unique and larger than the grants completed before it was requested` : `${violations.length} violations in ${leases.length} grants`);
+  return result(
+    'grants',
+    'grants: tokens unique and increasing (I1, I2)',
+    violations,
+    violations.length === 0
+      ? `${leases.length} grants, every token unique and larger than the grants completed before it was requested`
+      : `${violations.length} violations in ${leases.length} grants`,
+  );
 }
 
 /** I3 at the resource: accepted tokens never decrease, in commit order. */
@@ -231,7 +248,9 @@ function checkTokens(final: FinalState, fenced: boolean, flagged: Set<string>): 
     const [prev, row] = [log[i - 1]!, log[i]!];
     if (row.token < prev.token) {
       flagged.add(row.op);
-      violations.push(`write #${i + 1} (${row.op}, w${row.w}) committed token ${row.token} after #${i} (${prev.op}, w${prev.w}) had committed token ${prev.token}`);
+      violations.push(
+        `write #${i + 1} (${row.op}, w${row.w}) committed token ${row.token} after #${i} (${prev.op}, w${prev.w}) had committed token ${prev.token}`,
+      );
     }
   }
   if (fenced && log.length > 0) {
@@ -239,8 +258,12 @@ function checkTokens(final: FinalState, fenced: boolean, flagged: Set<string>): 
     for (const r of log) if (r.token > top) top = r.token;
     if (final.highest !== top) violations.push(`the fence's mark is ${final.highest ?? 'missing'} but the highest token written is ${top}`);
   }
-  return result('tokens', 'fence: accepted tokens never decrease (I3)', violations,
-    violations.length === 0 ? `${log.length} writes in commit order, tokens never decrease` : `${violations.length} decreases in ${log.length} writes`);
+  return result(
+    'tokens',
+    'fence: accepted tokens never decrease (I3)',
+    violations,
+    violations.length === 0 ? `${log.length} writes in commit order, tokens never decrease` : `${violations.length} decreases in ${log.length} writes`,
+  );
 }
 
 /** No lost update: the counter, the log and the workers' outcomes agree. */
@@ -263,9 +286,11 @@ function checkLostUpdates(events: readonly HistoryEvent[], final: FinalState, fl
     if (row.value !== expected) {
       flagged.add(row.op);
       const prev = log[i - 1];
-      violations.push(prev
-        ? `lost update: write #${i + 1} (${row.op}, w${row.w}, token ${row.token}) stored ${row.value} right after #${i} (${prev.op}, w${prev.w}, token ${prev.token}) stored ${prev.value}: it read a value from before that write`
-        : `lost update: the first write (${row.op}) stored ${row.value}, not 1`);
+      violations.push(
+        prev
+          ? `lost update: write #${i + 1} (${row.op}, w${row.w}, token ${row.token}) stored ${row.value} right after #${i} (${prev.op}, w${prev.w}, token ${prev.token}) stored ${prev.value}: it read a value from before that write`
+          : `lost update: the first write (${row.op}) stored ${row.value}, not 1`,
+      );
     }
   }
   let accepted = 0;
@@ -284,10 +309,14 @@ function checkLostUpdates(events: readonly HistoryEvent[], final: FinalState, fl
   }
   for (const op of rows.keys()) if (!outcome.has(op)) violations.push(`${op} is in the log but no worker started that write`);
   const extra = committedFailed > 0 ? ` + ${committedFailed} indeterminate that committed` : '';
-  return result('lost-update', 'no lost update', violations,
+  return result(
+    'lost-update',
+    'no lost update',
+    violations,
     violations.length === 0
       ? `counter ${final.counter} = log ${log.length} = accepted ${accepted}${extra}; every write read the one before it`
-      : `counter ${final.counter}, log ${log.length}, accepted ${accepted}${extra}: ${violations.length} problems`);
+      : `counter ${final.counter}, log ${log.length}, accepted ${accepted}${extra}: ${violations.length} problems`,
+  );
 }
 
 /** I6 on consecutive grants of the key, and on every freeze past a lease's validity. */
@@ -327,7 +356,9 @@ function checkLoss(
       if (slowClock(a.w, a.acquireAt, grant)) n.slow++;
       else if (!durable && crashes.some((c) => c.from < grant && c.to > a.acquireAt)) n.stateLost++;
       else if (a.grantedAt > grant) {
-        violations.push(`two holders at once: w${a.w} was granted token ${a.token} at ${fmt(a.grantedAt)}, after w${b.w} had been granted the higher token ${b.token} at ${fmt(grant)}, and both leases were valid (w${a.w}'s until ${fmt(due)})`);
+        violations.push(
+          `two holders at once: w${a.w} was granted token ${a.token} at ${fmt(a.grantedAt)}, after w${b.w} had been granted the higher token ${b.token} at ${fmt(grant)}, and both leases were valid (w${a.w}'s until ${fmt(due)})`,
+        );
       } else violations.push(`${name} was valid locally until ${fmt(due)}, but ${next}: two holders at once`);
       continue;
     }
@@ -345,7 +376,8 @@ function checkLoss(
     if (freeze) {
       const after = learned.t - freeze.to;
       worstResume = Math.max(worstResume, after);
-      if (after > RESUME_BOUND_MS) violations.push(`${name} ran out while w${a.w} was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`);
+      if (after > RESUME_BOUND_MS)
+        violations.push(`${name} ran out while w${a.w} was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`);
       else n.frozen++;
     } else if (learned.t - due <= TIMER_SLACK_MS) n.tick++;
     else n.stalled++;
@@ -361,12 +393,18 @@ function checkLoss(
     if (l.releaseAt !== undefined && l.releaseAt < freeze.from) continue;
     frozenPast++;
     if (!l.learned) {
-      if (l.releaseAt !== undefined) violations.push(`w${l.w}'s lease (token ${l.token}) ran out while it was frozen, and after SIGCONT at ${fmt(freeze.to)} it was released as if still valid`);
+      if (l.releaseAt !== undefined)
+        violations.push(
+          `w${l.w}'s lease (token ${l.token}) ran out while it was frozen, and after SIGCONT at ${fmt(freeze.to)} it was released as if still valid`,
+        );
       continue;
     }
     const after = l.learned.t - freeze.to;
     worstResume = Math.max(worstResume, after);
-    if (after > RESUME_BOUND_MS) violations.push(`w${l.w}'s lease (token ${l.token}) ran out while it was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`);
+    if (after > RESUME_BOUND_MS)
+      violations.push(
+        `w${l.w}'s lease (token ${l.token}) ran out while it was frozen; its signal fired ${Math.round(after)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`,
+      );
   }
 
   const takeovers = n.inTime + n.frozen + n.tick + n.stalled + n.slow + n.stateLost + violations.length;
@@ -378,9 +416,13 @@ function checkLoss(
   ];
   const text = [
     `${takeovers} take-overs from a holder that had not released (${how.join(', ')})`,
-    ...(frozenPast > 0 ? [`${frozenPast} leases ran out during a freeze, each known ≤ ${Math.round(worstResume)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`] : []),
+    ...(frozenPast > 0
+      ? [`${frozenPast} leases ran out during a freeze, each known ≤ ${Math.round(worstResume)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`]
+      : []),
     ...(n.slow + n.stateLost > 0
-      ? [`not checked: ${[n.slow ? `${n.slow} with a clock slower than 1 − driftFactor` : '', n.stateLost ? `${n.stateLost} across a crash that lost the coordinator's state` : ''].filter(Boolean).join(', ')}`]
+      ? [
+          `not checked: ${[n.slow ? `${n.slow} with a clock slower than 1 − driftFactor` : '', n.stateLost ? `${n.stateLost} across a crash that lost the coordinator's state` : ''].filter(Boolean).join(', ')}`,
+        ]
       : []),
     `${n.handedOff} hand-offs after a release`,
   ];

@@ -36,10 +36,14 @@ export function adjustableClock(options: { offsetMs?: number; rate?: number } = 
   const timers = new Map<object, Pending>();
 
   const arm = (key: object, p: Pending): void => {
-    p.handle = segment.setTimeout(() => {
-      timers.delete(key);
-      p.fn();
-    }, Math.max(0, p.due - segment.now()), p.options);
+    p.handle = segment.setTimeout(
+      () => {
+        timers.delete(key);
+        p.fn();
+      },
+      Math.max(0, p.due - segment.now()),
+      p.options,
+    );
   };
 
   return {

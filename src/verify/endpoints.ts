@@ -9,7 +9,14 @@ export interface Endpoint {
   port: number;
 }
 
-const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({ redis: 6379, rediss: 6379, postgres: 5432, postgresql: 5432, etcd: 2379, redlock: 6379 });
+const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({
+  redis: 6379,
+  rediss: 6379,
+  postgres: 5432,
+  postgresql: 5432,
+  etcd: 2379,
+  redlock: 6379,
+});
 
 function scheme(url: string): string {
   return /^([a-z][a-z0-9+.-]*):/i.exec(url)?.[1]?.toLowerCase() ?? '';
@@ -17,7 +24,10 @@ function scheme(url: string): string {
 
 /** Host lists (`etcd://h1:p1,h2:p2`, `redlock://…`) are comma-separated host:port pairs. */
 function hostList(url: string): string[] {
-  return url.slice(url.indexOf('://') + 3).replace(/\/+$/, '').split(',');
+  return url
+    .slice(url.indexOf('://') + 3)
+    .replace(/\/+$/, '')
+    .split(',');
 }
 
 function splitHostPort(hostPort: string, fallback: number): Endpoint {

@@ -30,7 +30,17 @@ import { VerifyError } from './errors.js';
 import { LocalServerError, startLocal, type LocalServer } from './local.js';
 import { Nemesis, type Target } from './nemesis.js';
 import { plan, type VerifyOptions } from './plan.js';
-import { MUTANT_ENV, MUTANTS, runTime, type HarnessEvent, type HistoryEvent, type Unstamped, type WorkerCommand, type WorkerConfig, type WorkerEvent } from './protocol.js';
+import {
+  MUTANT_ENV,
+  MUTANTS,
+  runTime,
+  type HarnessEvent,
+  type HistoryEvent,
+  type Unstamped,
+  type WorkerCommand,
+  type WorkerConfig,
+  type WorkerEvent,
+} from './protocol.js';
 import { DelayProxy } from './proxy.js';
 import { randomSeed } from './random.js';
 import { formatSummary, writeReport } from './report.js';
@@ -172,7 +182,9 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
     const storeTcp = p.fence === 'sqlite' ? [] : tcpEndpoints(storeLocation);
     const notApplicable = (kind: NemesisKind): string | undefined => {
       if (kind === 'crash' && !coordinator?.crashable) {
-        return coordinator ? 'SQLite has no server to crash' : 'verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock';
+        return coordinator
+          ? 'SQLite has no server to crash'
+          : 'verify did not start the coordinator; use --url local:redis, local:postgres, local:etcd or local:redlock';
       }
       if (kind === 'delay' && coordinatorTcp.length + storeTcp.length === 0) {
         return p.coordinator.tech === 'sqlite' && p.fence === 'sqlite'
@@ -206,7 +218,9 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
     };
 
     const mutant = process.env[MUTANT_ENV] || undefined;
-    const coordinatorText = coordinator ? `${o.url} (${coordinator.name}, started by verify${coordinator.durable ? '' : '; no persistence'})` : redact(coordinatorUrl);
+    const coordinatorText = coordinator
+      ? `${o.url} (${coordinator.name}, started by verify${coordinator.durable ? '' : '; no persistence'})`
+      : redact(coordinatorUrl);
     const storeText = p.fence === 'sqlite' ? 'SQLite file in the run directory' : redact(storeLocation);
     print(
       `leasehold verify: run ${runId}, seed ${seed} (repeat with --seed ${seed})`,
@@ -215,9 +229,11 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
       `  workers      ${o.workers} processes, ${formatDuration(o.durationMs)}, ttl ${formatDuration(effectiveTtl)}${effectiveTtl !== o.ttlMs ? ` (the coordinator's minimum; asked ${formatDuration(o.ttlMs)})` : ''}, work ${formatDuration(workMs)} before each write`,
       `  nemesis      ${nemeses.length === 0 ? 'none' : nemeses.map((n) => (n.notApplicable ? `${n.kind} n/a (${n.notApplicable})` : n.kind)).join('; ')}`,
       ...describeSchedule(schedule, active).map((l, i) => `  ${i === 0 ? 'schedule' : '        '}     ${l}`),
-      ...(mutant === undefined ? [] : [
-        `  ${MUTANT_ENV}=${mutant}: ${(MUTANTS as readonly string[]).includes(mutant) ? 'the workers overstate their leases\' ttl (×2), a test-only mutant: the I6 check must fail' : 'not a known mutant; ignored'}`,
-      ]),
+      ...(mutant === undefined
+        ? []
+        : [
+            `  ${MUTANT_ENV}=${mutant}: ${(MUTANTS as readonly string[]).includes(mutant) ? "the workers overstate their leases' ttl (×2), a test-only mutant: the I6 check must fail" : 'not a known mutant; ignored'}`,
+          ]),
     );
 
     // Workers.
@@ -254,7 +270,7 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
         waitMs: Math.max(10_000, 10 * effectiveTtl),
         fenced: o.fenced,
         // Each worker's clock starts at a different, large offset: offsets never matter (only differences are used).
-        clock: { offsetMs: (seed % 1_000 + w) * 86_400_000 * (w % 2 === 0 ? 1 : -1), rate: 1 },
+        clock: { offsetMs: ((seed % 1_000) + w) * 86_400_000 * (w % 2 === 0 ? 1 : -1), rate: 1 },
         driftFactor: DEFAULTS.driftFactor,
       };
       const worker: Worker = {
@@ -317,7 +333,9 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
     const every = Math.max(1_000, Math.round(o.durationMs / 15 / 1_000) * 1_000);
     progress = setInterval(() => {
       const count = (type: HistoryEvent['type']): number => events.filter((e) => e.type === type).length;
-      print(`  [${(now() / 1000).toFixed(1).padStart(5)}s] operations ${count('acquire')}, accepted ${count('accepted')}, refused ${count('refused')}, failed ${count('write-failed')}, leases lost ${count('lost')}`);
+      print(
+        `  [${(now() / 1000).toFixed(1).padStart(5)}s] operations ${count('acquire')}, accepted ${count('accepted')}, refused ${count('refused')}, failed ${count('write-failed')}, leases lost ${count('lost')}`,
+      );
     }, every);
     await sleep(o.durationMs);
     clearInterval(progress);
@@ -343,9 +361,15 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
     try {
       final = await admin.final(resource);
     } catch (error) {
-      throw unavailable('cannot read the resource\'s final state', error);
+      throw unavailable("cannot read the resource's final state", error);
     }
-    const { checks, stats, flagged } = check({ events, final, fenced: o.fenced, driftFactor: DEFAULTS.driftFactor, coordinatorDurable: coordinator?.durable ?? true });
+    const { checks, stats, flagged } = check({
+      events,
+      final,
+      fenced: o.fenced,
+      driftFactor: DEFAULTS.driftFactor,
+      coordinatorDurable: coordinator?.durable ?? true,
+    });
     if (stats.accepted === 0) failures.push('no write was accepted: the run proves nothing (is the coordinator reachable? try a longer --duration)');
     print(...formatSummary({ stats, checks, nemeses, runProblems: failures }));
     let files: { history: string; timeline: string } | undefined;
@@ -354,8 +378,21 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
         files = writeReport({
           dir: resolve(o.reportDir),
           header: {
-            version: 1, runId, seed, url: redact(o.url), coordinator: redact(coordinatorUrl), fence: p.fence, fenced: o.fenced,
-            workers: o.workers, durationMs: o.durationMs, ttlMs: effectiveTtl, workMs, key, resource, nemeses, schedule,
+            version: 1,
+            runId,
+            seed,
+            url: redact(o.url),
+            coordinator: redact(coordinatorUrl),
+            fence: p.fence,
+            fenced: o.fenced,
+            workers: o.workers,
+            durationMs: o.durationMs,
+            ttlMs: effectiveTtl,
+            workMs,
+            key,
+            resource,
+            nemeses,
+            schedule,
           },
           events,
           final,
@@ -380,4 +417,3 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
     process.off('exit', removeDir);
   }
 }
-

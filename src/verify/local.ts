@@ -118,7 +118,8 @@ async function until(what: string, check: () => Promise<boolean>, child?: ChildP
   for (;;) {
     if (await check()) return;
     const spawnError = child && spawnErrors.get(child);
-    if (spawnError) throw new LocalServerError(`cannot run ${child.spawnfile}: ${spawnError.message}${INSTALL[child.spawnfile] ? ` (${INSTALL[child.spawnfile]})` : ''}`);
+    if (spawnError)
+      throw new LocalServerError(`cannot run ${child.spawnfile}: ${spawnError.message}${INSTALL[child.spawnfile] ? ` (${INSTALL[child.spawnfile]})` : ''}`);
     if (child && (child.exitCode !== null || child.signalCode !== null)) {
       // A binary that could not be spawned reports its 'error' right after the exit: give it a turn.
       await new Promise((r) => setImmediate(r));
@@ -222,7 +223,9 @@ async function startPostgres(dir: string): Promise<LocalServer> {
     try {
       await execFileAsync('runuser', ['-u', 'postgres', '--', 'test', '-w', dir]);
     } catch {
-      throw new LocalServerError(`the postgres OS user cannot reach ${dir}: every parent directory must be searchable by it (chmod o+x), or set TMPDIR to one that is`);
+      throw new LocalServerError(
+        `the postgres OS user cannot reach ${dir}: every parent directory must be searchable by it (chmod o+x), or set TMPDIR to one that is`,
+      );
     }
   }
   const data = join(dir, 'data');
@@ -247,7 +250,9 @@ async function startPostgres(dir: string): Promise<LocalServer> {
   // pg_ctl detaches the server: if verify exits without stopping it (an internal error), stop it here, synchronously.
   const onExit = (): void => {
     if (!up) return;
-    const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', postgresBin('pg_ctl'), 'stop', '-D', data, '-m', 'immediate']] : [postgresBin('pg_ctl'), ['stop', '-D', data, '-m', 'immediate']];
+    const [cmd, argv] = asRoot
+      ? ['runuser', ['-u', 'postgres', '--', postgresBin('pg_ctl'), 'stop', '-D', data, '-m', 'immediate']]
+      : [postgresBin('pg_ctl'), ['stop', '-D', data, '-m', 'immediate']];
     spawnSync(cmd as string, argv as string[], { stdio: 'ignore', timeout: 10_000 });
   };
   process.once('exit', onExit);
@@ -295,11 +300,30 @@ async function startEtcd(dir: string): Promise<LocalServer> {
   };
   const start = async (): Promise<void> => {
     const args = [
-      '--name', 'verify', '--data-dir', join(dir, 'data'),
-      '--listen-client-urls', clientUrl, '--advertise-client-urls', clientUrl,
-      '--listen-peer-urls', peerUrl, '--initial-advertise-peer-urls', peerUrl,
-      '--initial-cluster', `verify=${peerUrl}`, '--initial-cluster-state', 'new',
-      '--heartbeat-interval', '50', '--election-timeout', '500', '--log-level', 'warn', '--logger', 'zap',
+      '--name',
+      'verify',
+      '--data-dir',
+      join(dir, 'data'),
+      '--listen-client-urls',
+      clientUrl,
+      '--advertise-client-urls',
+      clientUrl,
+      '--listen-peer-urls',
+      peerUrl,
+      '--initial-advertise-peer-urls',
+      peerUrl,
+      '--initial-cluster',
+      `verify=${peerUrl}`,
+      '--initial-cluster-state',
+      'new',
+      '--heartbeat-interval',
+      '50',
+      '--election-timeout',
+      '500',
+      '--log-level',
+      'warn',
+      '--logger',
+      'zap',
     ];
     child = spawnServer('etcd', args, logFile, dir);
     await until(`etcd on port ${clientPort}`, healthy, child, logFile);

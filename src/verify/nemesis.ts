@@ -63,17 +63,20 @@ export class Nemesis {
   start(): void {
     const t0 = this.#ctx.now();
     for (const fault of this.#faults) {
-      const timer = setTimeout(() => {
-        this.#timers.delete(timer);
-        const previous = this.#chains.get(fault.kind) ?? Promise.resolve();
-        const run = previous.then(() => (this.#abort.signal.aborted ? undefined : this.#run(fault)));
-        const tracked = run.catch((error: unknown) => {
-          this.#ctx.record({ type: 'skipped', kind: fault.kind, why: `failed: ${error instanceof Error ? error.message : String(error)}` });
-        });
-        this.#chains.set(fault.kind, tracked);
-        this.#running.add(tracked);
-        void tracked.finally(() => this.#running.delete(tracked));
-      }, Math.max(0, t0 + fault.at - this.#ctx.now()));
+      const timer = setTimeout(
+        () => {
+          this.#timers.delete(timer);
+          const previous = this.#chains.get(fault.kind) ?? Promise.resolve();
+          const run = previous.then(() => (this.#abort.signal.aborted ? undefined : this.#run(fault)));
+          const tracked = run.catch((error: unknown) => {
+            this.#ctx.record({ type: 'skipped', kind: fault.kind, why: `failed: ${error instanceof Error ? error.message : String(error)}` });
+          });
+          this.#chains.set(fault.kind, tracked);
+          this.#running.add(tracked);
+          void tracked.finally(() => this.#running.delete(tracked));
+        },
+        Math.max(0, t0 + fault.at - this.#ctx.now()),
+      );
       this.#timers.add(timer);
     }
   }
@@ -103,7 +106,8 @@ export class Nemesis {
   async #holder(kind: NemesisKind): Promise<Target | undefined> {
     const w = await this.#ctx.nextGrant(3 * this.#ctx.ttlMs, this.#busy, this.#abort.signal);
     const target = w === undefined ? undefined : this.#ctx.workers.find((x) => x.index === w && x.process.running);
-    if (!target && !this.#abort.signal.aborted) this.#ctx.record({ type: 'skipped', kind, why: `no worker was granted the lease within ${formatDuration(3 * this.#ctx.ttlMs)}` });
+    if (!target && !this.#abort.signal.aborted)
+      this.#ctx.record({ type: 'skipped', kind, why: `no worker was granted the lease within ${formatDuration(3 * this.#ctx.ttlMs)}` });
     return this.#abort.signal.aborted ? undefined : target;
   }
 
@@ -115,7 +119,9 @@ export class Nemesis {
     try {
       target.process.signal('SIGSTOP');
       this.#ctx.record({ type: 'pause', w: target.index, pid, plannedMs: fault.durationMs });
-      this.#ctx.say(`pause   w${target.index} (pid ${pid}) SIGSTOP for ${formatDuration(fault.durationMs)}, holding the lease (ttl ${formatDuration(this.#ctx.ttlMs)})`);
+      this.#ctx.say(
+        `pause   w${target.index} (pid ${pid}) SIGSTOP for ${formatDuration(fault.durationMs)}, holding the lease (ttl ${formatDuration(this.#ctx.ttlMs)})`,
+      );
       await waitUntilStopped(target.process).catch(() => {});
       await this.#sleep(fault.durationMs);
     } finally {

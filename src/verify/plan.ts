@@ -59,7 +59,8 @@ function coordinatorKind(url: string): CoordinatorKind {
     if (!LOCAL_KINDS.includes(kind)) throw usage(`--url local:${local[1]} is not one verify can start; use local:${LOCAL_KINDS.join(', local:')}`);
     return { tech: kind, local: kind };
   }
-  if (/^memory:/i.test(url)) throw usage('--url memory: lives in one process; verify\'s workers are separate processes (use sqlite:PATH, redis://, postgres://, etcd:// or local:KIND)');
+  if (/^memory:/i.test(url))
+    throw usage("--url memory: lives in one process; verify's workers are separate processes (use sqlite:PATH, redis://, postgres://, etcd:// or local:KIND)");
   try {
     backendLoader(url);
   } catch (error) {
@@ -79,11 +80,14 @@ export interface Plan {
 }
 
 export function plan(o: VerifyOptions): Plan {
-  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > VERIFY_LIMITS.maxWorkers) throw usage(`--workers must be an integer from 1 to ${VERIFY_LIMITS.maxWorkers}, got ${o.workers}`);
+  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > VERIFY_LIMITS.maxWorkers)
+    throw usage(`--workers must be an integer from 1 to ${VERIFY_LIMITS.maxWorkers}, got ${o.workers}`);
   if (o.ttlMs < VERIFY_LIMITS.minTtlMs) throw usage(`--ttl must be at least ${formatDuration(VERIFY_LIMITS.minTtlMs)}, got ${formatDuration(o.ttlMs)}`);
-  if (o.durationMs < VERIFY_LIMITS.minDurationMs) throw usage(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`);
+  if (o.durationMs < VERIFY_LIMITS.minDurationMs)
+    throw usage(`--duration must be at least ${formatDuration(VERIFY_LIMITS.minDurationMs)}, got ${formatDuration(o.durationMs)}`);
   if (o.durationMs < 2 * o.ttlMs) throw usage(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`);
-  if (o.workMs !== undefined && o.workMs >= o.ttlMs) throw usage(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`);
+  if (o.workMs !== undefined && o.workMs >= o.ttlMs)
+    throw usage(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`);
   const coordinator = coordinatorKind(o.url);
   const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
   if (!STORE_KINDS.includes(fence)) throw usage(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`);
@@ -92,7 +96,10 @@ export function plan(o: VerifyOptions): Plan {
     if (fenceUrl !== undefined) throw usage('--fence-url is for --fence postgres or redis; the SQLite resource is a file verify creates');
   } else if (fenceUrl !== undefined) {
     const ok = fence === 'postgres' ? /^postgres(ql)?:\/\//i.test(fenceUrl) : /^rediss?:\/\//i.test(fenceUrl);
-    if (!ok) throw usage(`--fence-url must be a ${fence === 'postgres' ? 'postgres://' : 'redis://'} URL for --fence ${fence}, got ${JSON.stringify(redact(fenceUrl))}`);
+    if (!ok)
+      throw usage(
+        `--fence-url must be a ${fence === 'postgres' ? 'postgres://' : 'redis://'} URL for --fence ${fence}, got ${JSON.stringify(redact(fenceUrl))}`,
+      );
   } else if (coordinator.tech === fence) {
     fenceUrl = coordinator.local ? undefined : o.url;
   } else {
@@ -109,8 +116,6 @@ export function plan(o: VerifyOptions): Plan {
   return { coordinator, fence, fenceUrl };
 }
 
-
 function usage(message: string): VerifyError {
   return new VerifyError('usage', message);
 }
-

@@ -31,10 +31,15 @@ export function formatSummary(s: Summary): string[] {
   const lines: string[] = ['', 'results'];
   const failed = stats.failed > 0 ? `, ${stats.failed} failed (indeterminate; ${stats.failedCommitted} of them committed)` : ', 0 failed';
   lines.push(`  operations  ${stats.operations} (${stats.granted} acquired, ${stats.acquireFailed} acquire errors, ${stats.lost} leases lost)`);
-  lines.push(`  writes      ${stats.writes}: ${stats.accepted} accepted, ${stats.refused} refused by the fence${failed}${stats.unfinished ? `, ${stats.unfinished} unfinished` : ''}`);
+  lines.push(
+    `  writes      ${stats.writes}: ${stats.accepted} accepted, ${stats.refused} refused by the fence${failed}${stats.unfinished ? `, ${stats.unfinished} unfinished` : ''}`,
+  );
   const faults = s.nemeses.map(({ kind, notApplicable }) =>
-    notApplicable ? `${kind} n/a (${notApplicable})` : `${kind} ${stats.faults[kind as keyof Stats['faults']] ?? 0}`);
-  lines.push(`  faults      ${faults.length > 0 ? faults.join(', ') : 'none requested'}${stats.faults.skipped ? `; ${stats.faults.skipped} skipped (see history)` : ''}`);
+    notApplicable ? `${kind} n/a (${notApplicable})` : `${kind} ${stats.faults[kind as keyof Stats['faults']] ?? 0}`,
+  );
+  lines.push(
+    `  faults      ${faults.length > 0 ? faults.join(', ') : 'none requested'}${stats.faults.skipped ? `; ${stats.faults.skipped} skipped (see history)` : ''}`,
+  );
   lines.push('');
   const rows: [string, string, string][] = s.checks.map((c) => [c.title, c.verdict === 'pass' ? 'PASS' : 'FAIL', c.summary]);
   if (s.runProblems.length > 0) rows.push(['run: workers ran to the end and wrote', 'FAIL', `${s.runProblems.length} problems`]);
@@ -121,7 +126,9 @@ export function writeReport(r: ReportFiles): { history: string; timeline: string
     json({ type: 'run', ...r.header }),
     ...[...r.events].sort((a, b) => a.t - b.t).map(json),
     json({ type: 'final', counter: r.final.counter, highest: r.final.highest, log: r.final.log }),
-    ...r.checks.map((c) => json({ type: 'check', id: c.id, title: c.title, verdict: c.verdict, summary: c.summary, violationCount: c.violationCount, violations: c.violations })),
+    ...r.checks.map((c) =>
+      json({ type: 'check', id: c.id, title: c.title, verdict: c.verdict, summary: c.summary, violationCount: c.violationCount, violations: c.violations }),
+    ),
   ];
   const history = join(r.dir, 'history.jsonl');
   const timeline = join(r.dir, 'timeline.svg');

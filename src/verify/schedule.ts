@@ -70,10 +70,7 @@ export function planSchedule(input: ScheduleInput): PlannedFault[] {
     let at = uniform(random, ...shape.first) * ttlMs;
     for (;;) {
       const length = uniform(random, ...shape.length) * ttlMs;
-      const extra =
-        kind === 'clock'
-          ? { worker: Math.min(workers - 1, Math.floor(random() * workers)), rate: round3(uniform(random, ...CLOCK_RATES)) }
-          : {};
+      const extra = kind === 'clock' ? { worker: Math.min(workers - 1, Math.floor(random() * workers)), rate: round3(uniform(random, ...CLOCK_RATES)) } : {};
       if (at + length > end) break;
       faults.push({ at: Math.round(at), kind, durationMs: Math.round(length), ...extra });
       at += length + uniform(random, ...shape.gap) * ttlMs;

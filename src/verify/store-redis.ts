@@ -55,7 +55,15 @@ export function redisWorkerStore(config: StoreConfig): WorkerStore {
     read: async (resource) => Number((await bounded(c.get(keys(resource).counter), config.timeoutMs, 'read counter')) ?? 0),
     async plainWrite(resource, value, r) {
       const k = keys(resource);
-      const replies = await bounded(c.multi().set(k.counter, String(value)).rpush(k.log, `${row(r.token, r.w, r.op)}|${value}`).exec(), config.timeoutMs, 'write');
+      const replies = await bounded(
+        c
+          .multi()
+          .set(k.counter, String(value))
+          .rpush(k.log, `${row(r.token, r.w, r.op)}|${value}`)
+          .exec(),
+        config.timeoutMs,
+        'write',
+      );
       const failed = replies?.find(([e]) => e);
       if (!replies || failed) throw failed?.[0] ?? new Error('transaction discarded');
     },
@@ -75,7 +83,11 @@ export function redisAdminStore(config: StoreConfig): AdminStore {
     },
     final: async (resource): Promise<FinalState> => {
       const k = keys(resource);
-      const [counter, entries, mark] = await Promise.all([call(c.get(k.counter), 'read counter'), call(c.lrange(k.log, 0, -1), 'read log'), call(c.get(k.mark), 'read mark')]);
+      const [counter, entries, mark] = await Promise.all([
+        call(c.get(k.counter), 'read counter'),
+        call(c.lrange(k.log, 0, -1), 'read log'),
+        call(c.get(k.mark), 'read mark'),
+      ]);
       return {
         counter: Number(counter ?? 0),
         log: entries.map((entry, i) => {

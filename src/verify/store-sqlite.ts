@@ -66,7 +66,7 @@ export function sqliteWorkerStore(config: StoreConfig): WorkerStore {
   const read = db.prepare(SQL.readCounter);
   const write = db.prepare(SQL.writeCounter);
   const append = db.prepare(SQL.append);
-  const current = (resource: string): number => ((read.get(resource) as { value: number } | undefined)?.value ?? 0);
+  const current = (resource: string): number => (read.get(resource) as { value: number } | undefined)?.value ?? 0;
   const plain = db.transaction((resource: string, value: number, row: { w: number; op: string; token: bigint }) => {
     write.run(value, resource);
     append.run(resource, row.token, row.w, row.op, value);

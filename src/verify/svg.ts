@@ -65,8 +65,12 @@ export function timelineSvg(input: TimelineInput): string {
   };
 
   out.push(`<?xml version="1.0" encoding="UTF-8"?>`);
-  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${height}" viewBox="0 0 ${W} ${height}" font-family="system-ui, sans-serif" font-size="12">`);
-  out.push(`<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="${COLORS.pause}" fill-opacity="0.15"/><line x1="0" y1="0" x2="0" y2="6" stroke="${COLORS.pause}" stroke-width="2.5"/></pattern></defs>`);
+  out.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${height}" viewBox="0 0 ${W} ${height}" font-family="system-ui, sans-serif" font-size="12">`,
+  );
+  out.push(
+    `<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="${COLORS.pause}" fill-opacity="0.15"/><line x1="0" y1="0" x2="0" y2="6" stroke="${COLORS.pause}" stroke-width="2.5"/></pattern></defs>`,
+  );
   out.push(`<rect width="${W}" height="${height}" fill="#ffffff"/>`);
   out.push(`<text x="${LEFT}" y="22" font-size="15" font-weight="bold" fill="${COLORS.text}">${esc(input.title)}</text>`);
   out.push(`<text x="${LEFT}" y="40" fill="${COLORS.axis}">${esc(input.subtitle)}</text>`);
@@ -86,11 +90,22 @@ export function timelineSvg(input: TimelineInput): string {
   }
   if (down !== undefined) downs.push([down, end]);
   out.push('<g class="crashes">');
-  for (const [from, to] of downs) rect(x(from), laneTop, x(to), laneBottom - laneTop, `fill="${COLORS.crash}" fill-opacity="0.14"`, `coordinator down ${sec(from)} – ${sec(to)}`);
+  for (const [from, to] of downs)
+    rect(x(from), laneTop, x(to), laneBottom - laneTop, `fill="${COLORS.crash}" fill-opacity="0.14"`, `coordinator down ${sec(from)} – ${sec(to)}`);
   out.push('</g>');
 
   const flagged = new Set(input.flagged ?? []);
-  for (const w of lanes) lane(out, w, events.filter((e) => 'w' in e && e.w === w), laneY(w), x, end, rect, flagged);
+  for (const w of lanes)
+    lane(
+      out,
+      w,
+      events.filter((e) => 'w' in e && e.w === w),
+      laneY(w),
+      x,
+      end,
+      rect,
+      flagged,
+    );
 
   // Time axis.
   const axisY = laneBottom + 8;
@@ -99,7 +114,9 @@ export function timelineSvg(input: TimelineInput): string {
   const step = niceStep(end);
   for (let t = 0; t <= end + 1e-6; t += step) {
     out.push(`<line x1="${n2(x(t))}" y1="${axisY}" x2="${n2(x(t))}" y2="${axisY + 5}"/>`);
-    out.push(`<text x="${n2(x(t))}" y="${axisY + 18}" text-anchor="middle" stroke="none">${esc(step < 1000 ? `${(t / 1000).toFixed(1)}s` : `${Math.round(t / 1000)}s`)}</text>`);
+    out.push(
+      `<text x="${n2(x(t))}" y="${axisY + 18}" text-anchor="middle" stroke="none">${esc(step < 1000 ? `${(t / 1000).toFixed(1)}s` : `${Math.round(t / 1000)}s`)}</text>`,
+    );
   }
   out.push(`<text x="${W - RIGHT}" y="${axisY + 36}" text-anchor="end" stroke="none">time since start (CLOCK_MONOTONIC of this machine)</text>`);
   out.push('</g>');
@@ -138,7 +155,16 @@ function legend(out: string[]): void {
 
 type Rect = (x1: number, y: number, x2: number, h: number, attrs: string, title?: string) => void;
 
-function lane(out: string[], w: number, events: readonly HistoryEvent[], y: number, x: (t: number) => number, end: number, rect: Rect, flagged: ReadonlySet<string>): void {
+function lane(
+  out: string[],
+  w: number,
+  events: readonly HistoryEvent[],
+  y: number,
+  x: (t: number) => number,
+  end: number,
+  rect: Rect,
+  flagged: ReadonlySet<string>,
+): void {
   const pid = events.find((e): e is Extract<HistoryEvent, { type: 'ready' }> => e.type === 'ready')?.pid;
   out.push(`<g class="lane" data-worker="${w}">`);
   rect(LEFT, y, x(end), LANE_H, `fill="${COLORS.lane}"`);
@@ -156,7 +182,14 @@ function lane(out: string[], w: number, events: readonly HistoryEvent[], y: numb
     }
     if (e.type === 'delay') delayed = e;
     if (e.type === 'delay-end' && delayed) {
-      rect(x(delayed.t), y, x(e.t), LANE_H, `fill="${COLORS.delay}" fill-opacity="0.35"`, `requests held ${sec(delayed.t)} – ${sec(e.t)} (${e.heldBytes} bytes), then delivered in order`);
+      rect(
+        x(delayed.t),
+        y,
+        x(e.t),
+        LANE_H,
+        `fill="${COLORS.delay}" fill-opacity="0.35"`,
+        `requests held ${sec(delayed.t)} – ${sec(e.t)} (${e.heldBytes} bytes), then delivered in order`,
+      );
       delayed = undefined;
     }
   }
@@ -181,9 +214,19 @@ function lane(out: string[], w: number, events: readonly HistoryEvent[], y: numb
   const bar = (token: string, l: Bar, until: number): void => {
     const heldUntil = Math.min(l.lostAt ?? until, l.validUntil ?? until, until);
     rect(x(l.t), y + 8, x(heldUntil), LANE_H - 16, `fill="${COLORS.held}"`, `${l.op}: token ${token}, valid ${sec(l.t)} – ${sec(heldUntil)}`);
-    if (until > heldUntil + 0.5) rect(x(heldUntil), y + 8, x(until), LANE_H - 16, `fill="${COLORS.zombie}" stroke="${COLORS.held}" stroke-dasharray="2,2"`, `${l.op}: token ${token} no longer valid (${sec(heldUntil)}), released ${sec(until)}`);
+    if (until > heldUntil + 0.5)
+      rect(
+        x(heldUntil),
+        y + 8,
+        x(until),
+        LANE_H - 16,
+        `fill="${COLORS.zombie}" stroke="${COLORS.held}" stroke-dasharray="2,2"`,
+        `${l.op}: token ${token} no longer valid (${sec(heldUntil)}), released ${sec(until)}`,
+      );
     if (l.lostAt !== undefined) {
-      out.push(`<line x1="${n2(x(l.lostAt))}" y1="${n2(y + 2)}" x2="${n2(x(l.lostAt))}" y2="${n2(y + LANE_H - 2)}" stroke="${COLORS.lost}" stroke-width="2"><title>${esc(`token ${token}: lease.signal aborted (${l.reason}) at ${sec(l.lostAt)}`)}</title></line>`);
+      out.push(
+        `<line x1="${n2(x(l.lostAt))}" y1="${n2(y + 2)}" x2="${n2(x(l.lostAt))}" y2="${n2(y + LANE_H - 2)}" stroke="${COLORS.lost}" stroke-width="2"><title>${esc(`token ${token}: lease.signal aborted (${l.reason}) at ${sec(l.lostAt)}`)}</title></line>`,
+      );
     }
   };
   for (const e of events) {
@@ -214,14 +257,22 @@ function lane(out: string[], w: number, events: readonly HistoryEvent[], y: numb
     const cy = y + LANE_H / 2;
     const since = (op: string): string => (started.has(op) ? `, sent ${sec(started.get(op)!)}` : '');
     if ((e.type === 'accepted' || e.type === 'write-failed') && flagged.has(e.op)) {
-      out.push(`<circle class="flagged" cx="${cx}" cy="${n2(cy)}" r="8" fill="none" stroke="${COLORS.lost}" stroke-width="2"><title>${esc(`${e.op}: this write broke the token order or lost an update (see the checks)`)}</title></circle>`);
+      out.push(
+        `<circle class="flagged" cx="${cx}" cy="${n2(cy)}" r="8" fill="none" stroke="${COLORS.lost}" stroke-width="2"><title>${esc(`${e.op}: this write broke the token order or lost an update (see the checks)`)}</title></circle>`,
+      );
     }
     if (e.type === 'accepted') {
-      out.push(`<circle class="write accepted" cx="${cx}" cy="${n2(cy)}" r="4" fill="${COLORS.accepted}" stroke="#fff" stroke-width="1"><title>${esc(`${e.op}: write with token ${e.token} accepted at ${sec(e.t)}${since(e.op)}${e.value === undefined ? '' : `; counter = ${e.value}`}`)}</title></circle>`);
+      out.push(
+        `<circle class="write accepted" cx="${cx}" cy="${n2(cy)}" r="4" fill="${COLORS.accepted}" stroke="#fff" stroke-width="1"><title>${esc(`${e.op}: write with token ${e.token} accepted at ${sec(e.t)}${since(e.op)}${e.value === undefined ? '' : `; counter = ${e.value}`}`)}</title></circle>`,
+      );
     } else if (e.type === 'refused') {
-      out.push(`<path class="write refused" d="M${n2(x(e.t) - 4)} ${n2(cy - 4)} L${n2(x(e.t) + 4)} ${n2(cy + 4)} M${n2(x(e.t) + 4)} ${n2(cy - 4)} L${n2(x(e.t) - 4)} ${n2(cy + 4)}" stroke="${COLORS.refused}" stroke-width="2.5"><title>${esc(`${e.op}: token ${e.token} refused by the fence at ${sec(e.t)}${since(e.op)} (highest ${e.highest})`)}</title></path>`);
+      out.push(
+        `<path class="write refused" d="M${n2(x(e.t) - 4)} ${n2(cy - 4)} L${n2(x(e.t) + 4)} ${n2(cy + 4)} M${n2(x(e.t) + 4)} ${n2(cy - 4)} L${n2(x(e.t) - 4)} ${n2(cy + 4)}" stroke="${COLORS.refused}" stroke-width="2.5"><title>${esc(`${e.op}: token ${e.token} refused by the fence at ${sec(e.t)}${since(e.op)} (highest ${e.highest})`)}</title></path>`,
+      );
     } else if (e.type === 'write-failed') {
-      out.push(`<path class="write failed" d="M${cx} ${n2(cy - 5)} L${n2(x(e.t) + 5)} ${n2(cy + 5)} L${n2(x(e.t) - 5)} ${n2(cy + 5)} Z" fill="${COLORS.failed}"><title>${esc(`${e.op}: write with token ${e.token} failed at ${sec(e.t)}${since(e.op)}: ${e.error}`)}</title></path>`);
+      out.push(
+        `<path class="write failed" d="M${cx} ${n2(cy - 5)} L${n2(x(e.t) + 5)} ${n2(cy + 5)} L${n2(x(e.t) - 5)} ${n2(cy + 5)} Z" fill="${COLORS.failed}"><title>${esc(`${e.op}: write with token ${e.token} failed at ${sec(e.t)}${since(e.op)}: ${e.error}`)}</title></path>`,
+      );
     }
   }
   out.push('</g>');

@@ -42,7 +42,21 @@ for (const t of targets) {
     const key = `cli-${t.name}-${process.pid}`;
 
     it('run: the child gets the token; a second run while the first holds the key exits 75; ls shows the holder', async () => {
-      const holder = startCli(['run', key, '--url', t.url(), '--ttl', '5s', '--', process.execPath, '-e', 'console.log("token", process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 60_000)'], sb);
+      const holder = startCli(
+        [
+          'run',
+          key,
+          '--url',
+          t.url(),
+          '--ttl',
+          '5s',
+          '--',
+          process.execPath,
+          '-e',
+          'console.log("token", process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 60_000)',
+        ],
+        sb,
+      );
       const token = (await holder.waitFor(/token (\d+)/))[1]!;
       const busy = await runCli(['run', key, '--url', t.url(), '--', 'true'], sb);
       expect(busy.code).toBe(75);
@@ -86,7 +100,10 @@ describe('CLI with a --url the coordinator cannot take', () => {
   }
 
   it('run --url MEMORY: works (schemes are case-insensitive)', async () => {
-    const r = await runCli(['run', `cli-memory-${process.pid}`, '--url', 'MEMORY:', '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)'], sb);
+    const r = await runCli(
+      ['run', `cli-memory-${process.pid}`, '--url', 'MEMORY:', '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)'],
+      sb,
+    );
     expect(r.stderr).toBe('');
     expect(r.code).toBe(0);
     expect(r.stdout.trim()).toBe('1');

@@ -20,7 +20,10 @@ afterEach(async () => {
 
 /** Splits the table into rows of cells (columns are separated by two or more spaces). */
 function rows(stdout: string): string[][] {
-  return stdout.trimEnd().split('\n').map((line) => line.split(/ {2,}/));
+  return stdout
+    .trimEnd()
+    .split('\n')
+    .map((line) => line.split(/ {2,}/));
 }
 
 describe('leasehold ls', () => {
@@ -37,7 +40,14 @@ describe('leasehold ls', () => {
     expect(table[0]).toEqual(['KEY', 'MODE', 'TOKEN', 'HOLDER', 'EXPIRES IN', 'WAITERS', 'LOCK-DELAY']);
     expect(table).toHaveLength(2);
     const [key, mode, token, holder, expires, waiting, delay] = table[1]!;
-    expect({ key, mode, token, holder, waiting, delay }).toEqual({ key: 'jobs:nightly', mode: 'exclusive', token: '1', holder: 'test-holder', waiting: '0', delay: '-' });
+    expect({ key, mode, token, holder, waiting, delay }).toEqual({
+      key: 'jobs:nightly',
+      mode: 'exclusive',
+      token: '1',
+      holder: 'test-holder',
+      waiting: '0',
+      delay: '-',
+    });
     expect(expires).toMatch(/^\d+(\.\d)?s$|^\dm\d\ds$/);
   });
 
@@ -61,10 +71,14 @@ describe('leasehold ls', () => {
     // Expires without a release: the key stays ungrantable for its lock-delay (I8).
     await locks.acquire('fragile', { ttlMs: 50, autoRenew: false, lockDelayMs: 60_000 });
     let out = '';
-    await eventually(async () => {
-      out = (await runCli(['ls'], sb)).stdout;
-      return /\(none\)/.test(out);
-    }, 15_000, 'the holder to expire');
+    await eventually(
+      async () => {
+        out = (await runCli(['ls'], sb)).stdout;
+        return /\(none\)/.test(out);
+      },
+      15_000,
+      'the holder to expire',
+    );
     const [, row] = rows(out);
     expect(row?.[0]).toBe('fragile');
     expect(row?.[3]).toBe('(none)');

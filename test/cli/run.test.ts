@@ -46,7 +46,7 @@ afterEach(async () => {
 });
 
 describe('leasehold run', () => {
-  it('passes COMMAND\'s exit code through (0 and 3) and releases the lease afterwards', async () => {
+  it("passes COMMAND's exit code through (0 and 3) and releases the lease afterwards", async () => {
     const ok = await runCli(['run', 'job', '--', NODE, CHILD, 'exit', '0'], sb);
     expect(ok).toMatchObject({ code: 0, stderr: '' });
     const three = await runCli(['run', 'job', '--', NODE, CHILD, 'exit', '3'], sb);

@@ -19,7 +19,9 @@ afterEach(() => {
 /** verify with a run long enough that a refusal after the start would show (the run itself takes ≥ 4 s). */
 async function verifyWithReport(report: string) {
   const started = Date.now();
-  const r = await runCli(['verify', '--url', `sqlite:${join(sb.dir, 'v.db')}`, '--duration', '4s', '--ttl', '1s', '--report', report], sb, { timeoutMs: 8_000 });
+  const r = await runCli(['verify', '--url', `sqlite:${join(sb.dir, 'v.db')}`, '--duration', '4s', '--ttl', '1s', '--report', report], sb, {
+    timeoutMs: 8_000,
+  });
   return { ...r, ms: Date.now() - started };
 }
 
@@ -59,7 +61,11 @@ describe('verify --report with a path it cannot write', () => {
 
   it('missing parents are created and the run writes its report there', async () => {
     const dir = join(sb.dir, 'a', 'b', 'report');
-    const r = await runCli(['verify', '--url', `sqlite:${join(sb.dir, 'v.db')}`, '--duration', '2s', '--ttl', '500ms', '--nemesis', 'none', '--report', dir], sb, { timeoutMs: 30_000 });
+    const r = await runCli(
+      ['verify', '--url', `sqlite:${join(sb.dir, 'v.db')}`, '--duration', '2s', '--ttl', '500ms', '--nemesis', 'none', '--report', dir],
+      sb,
+      { timeoutMs: 30_000 },
+    );
     expect(r.code, r.stderr).toBe(0);
     expect(readdirSync(dir).sort()).toEqual(['history.jsonl', 'timeline.svg']);
   }, 40_000);

@@ -127,7 +127,10 @@ describe('redis:// URLs select the database in the URL', () => {
 
   it('storage layout: a database the server does not have (/99) is an InvalidArgumentError on first use, and no key lands in database 0', async () => {
     const locks = open(createLocks({ url: `${REDIS_URL}/99` }));
-    const error = await locks.acquire(`${key}:99`, { ttlMs: 10_000, waitMs: 0 }).then(() => undefined, (e: unknown) => e);
+    const error = await locks.acquire(`${key}:99`, { ttlMs: 10_000, waitMs: 0 }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
     expect(error).toBeInstanceOf(InvalidArgumentError);
     expect(error).toMatchObject({ argument: 'url', retryable: false });
     expect((error as Error).message).toMatch(/selects database 99, which the server refuses: ERR/);

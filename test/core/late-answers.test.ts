@@ -89,7 +89,7 @@ describe('a wait whose answers come late', () => {
   const own = (b: Backend): Backend => Object.create(b, { close: { value: async () => {} } }) as Backend;
   const client = (b: Backend = coordinator) => new Locks({ backend: own(b), clock, holderName: 'other', random: () => 0 });
 
-  it('ends by waitMs with ACQUIRE_TIMEOUT, not with the coordinator call\'s own 5 s timeout', async () => {
+  it("ends by waitMs with ACQUIRE_TIMEOUT, not with the coordinator call's own 5 s timeout", async () => {
     const holder = await client().acquire('k', { ttlMs: 60_000 });
     const link = slowLink(coordinator);
     const slow = new Locks({ backend: link.backend, clock, holderName: 'slow', random: () => 0 });
@@ -222,7 +222,9 @@ describe('many waiters on one Locks', () => {
       const locks = new Locks({ backend: memoryBackend() });
       const signal = new AbortController().signal;
       const lease = await locks.acquire('busy', { ttlMs: 10_000 });
-      const waits = Array.from({ length: 30 }, (_, i) => locks.acquire('busy', { ttlMs: 10_000, waitMs: 200, fair: i % 2 === 0, ...(i % 3 === 0 ? { signal } : {}) }).catch((e: unknown) => e));
+      const waits = Array.from({ length: 30 }, (_, i) =>
+        locks.acquire('busy', { ttlMs: 10_000, waitMs: 200, fair: i % 2 === 0, ...(i % 3 === 0 ? { signal } : {}) }).catch((e: unknown) => e),
+      );
       const results = await Promise.all(waits);
       expect(results.every((r) => r instanceof AcquireTimeoutError)).toBe(true);
       await lease.release();

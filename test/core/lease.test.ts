@@ -165,7 +165,7 @@ describe('Lease on an injected clock', () => {
     expect((await waiting).token).toBeGreaterThan(lease.token);
   });
 
-  it('a renewal carries the grant\'s lock-delay and label (a backend may have to record the holder again)', async () => {
+  it("a renewal carries the grant's lock-delay and label (a backend may have to record the holder again)", async () => {
     const sent: RenewRequest[] = [];
     const backend: Backend = Object.create(coordinator, {
       renew: { value: (req: RenewRequest) => (sent.push(req), coordinator.renew(req)) },
@@ -245,7 +245,11 @@ describe('Lease on an injected clock', () => {
     control.release = 'fail';
     expect(await locks.withLock('k', {}, async () => 42)).toBe(42);
     const own = new Error('fn failed');
-    await expect(locks.withLock('k2', {}, async () => { throw own; })).rejects.toBe(own);
+    await expect(
+      locks.withLock('k2', {}, async () => {
+        throw own;
+      }),
+    ).rejects.toBe(own);
     expect(failures).toHaveLength(2);
     expect(failures[0]).toBeInstanceOf(BackendUnavailableError);
   });
@@ -330,11 +334,17 @@ describe('Lease on an injected clock', () => {
     const hung: (() => void)[] = [];
     const backend = Object.create(coordinator, {
       acquire: { value: (req: Parameters<Backend['acquire']>[0]) => new Promise((resolve) => hung.push(() => resolve(coordinator.acquire(req)))) },
-      release: { value: async (req: Parameters<Backend['release']>[0]) => {
-        if (closed) throw new InvalidArgumentError('backend', 'closed');
-        return coordinator.release(req);
-      } },
-      close: { value: async () => { closed = true; } },
+      release: {
+        value: async (req: Parameters<Backend['release']>[0]) => {
+          if (closed) throw new InvalidArgumentError('backend', 'closed');
+          return coordinator.release(req);
+        },
+      },
+      close: {
+        value: async () => {
+          closed = true;
+        },
+      },
     }) as Backend;
     const locks = new Locks({ backend, clock });
     const pending = locks.acquire('k', { ttlMs: 10_000 }).catch((e: unknown) => e);
@@ -495,7 +505,10 @@ describe('idle sessions', () => {
     const inner = memoryBackend({ clock, sessions: true });
     const calls = { open: 0, close: 0 };
     const s = inner.sessions!;
-    const backend: Backend = { ...inner, sessions: { open: (t) => (calls.open++, s.open(t)), keepAlive: (id, t) => s.keepAlive(id, t), close: (id) => (calls.close++, s.close(id)) } };
+    const backend: Backend = {
+      ...inner,
+      sessions: { open: (t) => (calls.open++, s.open(t)), keepAlive: (id, t) => s.keepAlive(id, t), close: (id) => (calls.close++, s.close(id)) },
+    };
     const locks = new Locks({ backend, clock });
     const cycle = async (): Promise<void> => (await locks.acquire('k', { ttlMs: 1_000 })).release();
     await cycle();

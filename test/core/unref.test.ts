@@ -37,7 +37,7 @@ function runFor(args: string[], boundMs: number): Promise<{ code: number | null 
   });
 }
 
-describe('timers are unref\'d', () => {
+describe("timers are unref'd", () => {
   const dir = tempDir();
   afterAll(() => dir.cleanup());
 

@@ -35,7 +35,10 @@ describe('bad input is refused at the boundary, naming the problem', () => {
 
   for (const [name, call, argument] of cases) {
     it(name, async () => {
-      const error = await call().then(() => undefined, (e: unknown) => e);
+      const error = await call().then(
+        () => undefined,
+        (e: unknown) => e,
+      );
       expect(error).toBeInstanceOf(InvalidArgumentError);
       expect(error).toMatchObject({ code: 'INVALID_ARGUMENT', argument, name: 'InvalidArgumentError' });
       expect((error as Error).message).toContain(argument);
@@ -58,9 +61,13 @@ describe('bad input is refused at the boundary, naming the problem', () => {
     expect(() => backendLoader('redlock://a:1,b')).toThrow(/host:port/);
     expect(() => createLocks({ backend: memoryBackend(), url: 'memory:' })).toThrow(/either backend or url/);
     // options that are only used later (a jitter, a coordinator's clock) are checked now, not when first called
-    expect(() => new Locks({ backend: memoryBackend(), random: 0.5 as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'random' }));
+    expect(() => new Locks({ backend: memoryBackend(), random: 0.5 as never })).toThrow(
+      expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'random' }),
+    );
     expect(() => memoryBackend({ clock: { now: 0 } as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'options.clock' }));
-    expect(() => sqliteBackend({ path: ':memory:', clock: { now: () => 0 } as never })).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'clock' }));
+    expect(() => sqliteBackend({ path: ':memory:', clock: { now: () => 0 } as never })).toThrow(
+      expect.objectContaining({ code: 'INVALID_ARGUMENT', argument: 'clock' }),
+    );
   });
 
   it('defaults are documented values, frozen', async () => {

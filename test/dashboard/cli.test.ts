@@ -59,7 +59,16 @@ describe('leasehold demo --dashboard', () => {
     sb = sandbox();
     browser = await chromium.launch({
       executablePath: CHROMIUM,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      args: [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
     });
     const cli = startCli(['demo', '--dashboard', '--port', '0'], sb);
     const [, url] = (await cli.waitFor(/dashboard: (http:\/\/127\.0\.0\.1:\d+\/)/)) as RegExpMatchArray;

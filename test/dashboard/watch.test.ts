@@ -18,8 +18,12 @@ const key = (k: string, holders: [token: string, holder: string, expiresInMs: nu
 
 describe('diff of two reads', () => {
   it('a new holder is granted; one gone before its expiry was released', () => {
-    expect(diff([], [key('a', [['1', 'web-1', 30_000]])], 250, 0)).toEqual([{ at: 0, kind: 'granted', key: 'a', mode: 'exclusive', token: '1', holder: 'web-1' }]);
-    expect(diff([key('a', [['1', 'web-1', 30_000]])], [], 250, 0)).toEqual([{ at: 0, kind: 'released', key: 'a', mode: 'exclusive', token: '1', holder: 'web-1' }]);
+    expect(diff([], [key('a', [['1', 'web-1', 30_000]])], 250, 0)).toEqual([
+      { at: 0, kind: 'granted', key: 'a', mode: 'exclusive', token: '1', holder: 'web-1' },
+    ]);
+    expect(diff([key('a', [['1', 'web-1', 30_000]])], [], 250, 0)).toEqual([
+      { at: 0, kind: 'released', key: 'a', mode: 'exclusive', token: '1', holder: 'web-1' },
+    ]);
   });
 
   it('one gone at its expiry expired; a new holder in its place took over', () => {
@@ -43,7 +47,15 @@ describe('the watcher on a real coordinator', () => {
     await watcher.start();
     const lease = await locks.acquire('w:job', { ttlMs: 5_000 });
     expect(await eventually(() => seen.length === 1, 2_000)).toBe(true);
-    expect(watcher.snapshot.keys).toEqual([{ key: 'w:job', lastToken: lease.token.toString(), holders: [expect.objectContaining({ token: lease.token.toString(), holder: 'watched', mode: 'exclusive' })], waiters: 0, lockDelayRemainingMs: 0 }]);
+    expect(watcher.snapshot.keys).toEqual([
+      {
+        key: 'w:job',
+        lastToken: lease.token.toString(),
+        holders: [expect.objectContaining({ token: lease.token.toString(), holder: 'watched', mode: 'exclusive' })],
+        waiters: 0,
+        lockDelayRemainingMs: 0,
+      },
+    ]);
     expect(JSON.stringify(watcher.snapshot)).not.toMatch(/[0-9a-f]{32}/); // no owner id (32 hex digits) anywhere
     await lease.release();
     expect(await eventually(() => seen.length === 2, 2_000)).toBe(true);

@@ -23,7 +23,12 @@ describe('etcd key layout', () => {
       expect(e).toMatch(/^[A-Za-z0-9._~:%-]*$/);
     }
     expect(encodePart('a/b')).not.toBe(encodePart('a%2Fb'));
-    for (const [p, k] of [['te', 'test'], ['ключ', 'ключи'], ['a/', 'a/b'], ['🔒', '🔒 x']] as const) {
+    for (const [p, k] of [
+      ['te', 'test'],
+      ['ключ', 'ключи'],
+      ['a/', 'a/b'],
+      ['🔒', '🔒 x'],
+    ] as const) {
       expect(encodePart(k).startsWith(encodePart(p))).toBe(true);
     }
   });
@@ -74,7 +79,15 @@ describe('etcd backend', () => {
     return l;
   };
   const request = (k: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-    key: k, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+    key: k,
+    owner,
+    mode: 'exclusive',
+    ttlMs: 10_000,
+    lockDelayMs: 0,
+    holder: owner,
+    queue: false,
+    queueTtlMs: 2_000,
+    ...extra,
   });
   /** Everything under our prefix for one lock key, as etcd has it. */
   const raw = async (k: string) => (await etcd.getAll().prefix(new KeyLayout(prefix, k).base).exec()).kvs;
@@ -93,7 +106,7 @@ describe('etcd backend', () => {
     await cluster?.stop();
   });
 
-  it('the token is the create revision of the holder\'s key, on the session\'s lease', async () => {
+  it("the token is the create revision of the holder's key, on the session's lease", async () => {
     const k = key('token');
     const l = locks();
     const lease = await l.acquire(k, { ttlMs: 2_000 });
@@ -163,7 +176,7 @@ describe('etcd backend', () => {
     if (late.granted && xGrant.granted) expect(late.token).toBeGreaterThan(xGrant.token);
   });
 
-  it('a crashed waiter\'s place ends with its session; an operator can remove one by hand', async () => {
+  it("a crashed waiter's place ends with its session; an operator can remove one by hand", async () => {
     const k = key('crashed-waiter');
     const h = backend();
     const w = backend();
@@ -184,7 +197,9 @@ describe('etcd backend', () => {
     const locks2 = locks();
     const next = locks2.acquire(k2, { ttlMs: 1_000, waitMs: 10_000 });
     await eventually(async () => (await locks2.inspect(k2))[0]?.waiters === 1, 5_000);
-    const first = (await raw(k2)).filter((kv) => kv.key.toString().includes('/q/')).sort((a, b) => Number(BigInt(a.create_revision) - BigInt(b.create_revision)))[0]!;
+    const first = (await raw(k2))
+      .filter((kv) => kv.key.toString().includes('/q/'))
+      .sort((a, b) => Number(BigInt(a.create_revision) - BigInt(b.create_revision)))[0]!;
     await etcd.delete().key(first.key.toString()); // the stuck waiter: first in line
     expect((await next).held).toBe(true);
     await w.sessions!.close(stuckSession.id);
@@ -302,7 +317,9 @@ describe('etcd backend', () => {
     const calls: (HandOff | undefined)[] = [];
     const unsubscribe = await b.subscribe!(k, (h) => calls.push(h), busy.cursor);
     // (its entry is the newest under the lock: keys carry the backend's request names, not owners)
-    const entry = (await raw(k)).filter((kv) => kv.key.toString().includes('/q/')).sort((a, b) => Number(BigInt(b.create_revision) - BigInt(a.create_revision)))[0]!;
+    const entry = (await raw(k))
+      .filter((kv) => kv.key.toString().includes('/q/'))
+      .sort((a, b) => Number(BigInt(b.create_revision) - BigInt(a.create_revision)))[0]!;
     return { b, name, session: session.id, calls, unsubscribe, token: BigInt(entry.create_revision) };
   };
 
@@ -424,7 +441,10 @@ describe('etcd backend', () => {
   const metrics = async () => {
     const text = await (await fetch(`${cluster.endpoints[0]}/metrics`)).text();
     const received = (method: string): number =>
-      text.split('\n').filter((l) => l.startsWith('grpc_server_msg_received_total{') && l.includes(`grpc_method="${method}"`)).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
+      text
+        .split('\n')
+        .filter((l) => l.startsWith('grpc_server_msg_received_total{') && l.includes(`grpc_method="${method}"`))
+        .reduce((a, l) => a + Number(l.split(' ').pop()), 0);
     const watchers = Number(/^etcd_debugging_mvcc_watcher_total (\S+)$/m.exec(text)?.[1]);
     return { watch: received('Watch'), range: received('Range'), txn: received('Txn'), watchers };
   };
@@ -474,13 +494,15 @@ describe('etcd backend', () => {
     // four clients, two requests of each in flight at a time, on the same lock
     const clients = [locks(), locks(), locks(), locks()];
     await Promise.all(
-      clients.flatMap((c) => [0, 1].map(async () => {
-        for (let i = 0; i < 8; i++) {
-          const lease = await c.acquire(k, { ttlMs: 2_000, waitMs: 20_000 });
-          tokens.push(lease.token);
-          await lease.release();
-        }
-      })),
+      clients.flatMap((c) =>
+        [0, 1].map(async () => {
+          for (let i = 0; i < 8; i++) {
+            const lease = await c.acquire(k, { ttlMs: 2_000, waitMs: 20_000 });
+            tokens.push(lease.token);
+            await lease.release();
+          }
+        }),
+      ),
     );
     // waits that time out give their names back too (cancelWait deletes the place)
     const holder = await one.acquire(k, { ttlMs: 2_000 });
@@ -621,7 +643,15 @@ describe('etcd backend while etcd is down', () => {
     try {
       const k = uniqueName('broken-watch');
       const req = (owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-        key: k, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+        key: k,
+        owner,
+        mode: 'exclusive',
+        ttlMs: 10_000,
+        lockDelayMs: 0,
+        holder: owner,
+        queue: false,
+        queueTtlMs: 2_000,
+        ...extra,
       });
       expect((await h.acquire(req('h'))).granted).toBe(true);
       const session = (await w.sessions!.open(10_000)).id;

@@ -10,7 +10,10 @@ const good: History = {
     { seq: 3, id: 'a-2', token: 15n },
   ],
   counter: 3,
-  acknowledged: [{ id: 'a-1', token: 10n }, { id: 'b-1', token: 12n }],
+  acknowledged: [
+    { id: 'a-1', token: 10n },
+    { id: 'b-1', token: 12n },
+  ],
   granted: [10n, 12n, 14n, 15n],
 };
 

@@ -35,14 +35,29 @@ describe('leasehold CLI with --url etcd://', () => {
 
   it('run holds the lease for the command, hands it the token, and says busy (75) to a second run', async () => {
     const key = uniqueName('cli');
-    const first = leasehold(['run', key, '--url', url, '--ttl', '5s', '--', process.execPath, '-e', 'console.log("token=" + process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 1500)']);
+    const first = leasehold([
+      'run',
+      key,
+      '--url',
+      url,
+      '--ttl',
+      '5s',
+      '--',
+      process.execPath,
+      '-e',
+      'console.log("token=" + process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 1500)',
+    ]);
     // while the first command runs, ls shows its lease
     let listing = '';
     expect(
-      await eventually(async () => {
-        listing = (await leasehold(['ls', key, '--url', url]).done).stdout;
-        return listing.includes(key);
-      }, 10_000, 100),
+      await eventually(
+        async () => {
+          listing = (await leasehold(['ls', key, '--url', url]).done).stdout;
+          return listing.includes(key);
+        },
+        10_000,
+        100,
+      ),
     ).toBe(true);
     expect(listing).toMatch(/exclusive/);
     const second = await leasehold(['run', key, '--url', url, '--', process.execPath, '-e', 'console.log("ran")']).done;
@@ -58,7 +73,7 @@ describe('leasehold CLI with --url etcd://', () => {
     expect(BigInt(/token=(\d+)/.exec(third.stdout)?.[1] ?? '0')).toBeGreaterThan(BigInt(token ?? '0'));
   });
 
-  it('run exits with the command\'s own code', async () => {
+  it("run exits with the command's own code", async () => {
     const r = await leasehold(['run', uniqueName('cli-code'), '--url', url, '--', process.execPath, '-e', 'process.exit(3)']).done;
     expect(r.code).toBe(3);
   });

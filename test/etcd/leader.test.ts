@@ -10,7 +10,7 @@ import { agreedLeader } from '../../src/etcd/route.js';
 import { startCluster, type Cluster, type Member } from '../fixtures/etcd-cluster.mjs';
 import { eventually, sleep, uniqueName } from '../helpers/env.js';
 
-describe('which member leads, from every member\'s Status', () => {
+describe("which member leads, from every member's Status", () => {
   const status = (member: string, leader: string) => ({ leader, header: { member_id: member } });
   it('is the one a majority names, if it answered; a member cut off that still thinks it leads is outvoted', () => {
     expect(agreedLeader([status('a', 'b'), status('b', 'b'), status('c', 'b')])).toBe(1);
@@ -44,7 +44,15 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     return b;
   };
   const request = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-    key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+    key,
+    owner,
+    mode: 'exclusive',
+    ttlMs: 10_000,
+    lockDelayMs: 0,
+    holder: owner,
+    queue: false,
+    queueTtlMs: 2_000,
+    ...extra,
   });
   /** gRPC messages each running member received, by method (a member that is down counts nothing). */
   const received = async (): Promise<Record<string, number>[]> =>
@@ -155,22 +163,34 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     await old.kill();
     try {
       // Work goes on through the other members while they elect a new leader.
-      expect(await eventually(async () => {
-        try {
-          await work(b, 1);
-          return true;
-        } catch {
-          return false;
-        }
-      }, 10_000, 100)).toBe(true);
+      expect(
+        await eventually(
+          async () => {
+            try {
+              await work(b, 1);
+              return true;
+            } catch {
+              return false;
+            }
+          },
+          10_000,
+          100,
+        ),
+      ).toBe(true);
       const leader = index(await cluster.leader());
       // Found again (after the failure, or on the periodic look-up at the latest): everything goes there.
-      expect(await eventually(async () => {
-        const before = await received();
-        await work(b, 5);
-        const txns = delta(await received(), before, 'Txn');
-        return txns.every((n, i) => (i === leader ? n >= 13 : n === 0));
-      }, 12_000, 200)).toBe(true);
+      expect(
+        await eventually(
+          async () => {
+            const before = await received();
+            await work(b, 5);
+            const txns = delta(await received(), before, 'Txn');
+            return txns.every((n, i) => (i === leader ? n >= 13 : n === 0));
+          },
+          12_000,
+          200,
+        ),
+      ).toBe(true);
     } finally {
       old.start();
       await cluster.waitHealthy();

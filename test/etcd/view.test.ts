@@ -6,8 +6,24 @@ import type { IEvent, IKeyValue } from 'etcd3';
 import { describe, expect, it } from 'vitest';
 import { KeyLayout } from '../../src/etcd/keys.js';
 import {
-  ahead, delayValue, entryValue, follower, freeKeyGuards, grantable, holders, inspectedLeases, keyState, MAX_DELAY_GUARDS, orphans,
-  parseJson, parseView, parseViews, viewGuards, watchTarget, type View, type Waiter,
+  ahead,
+  delayValue,
+  entryValue,
+  follower,
+  freeKeyGuards,
+  grantable,
+  holders,
+  inspectedLeases,
+  keyState,
+  MAX_DELAY_GUARDS,
+  orphans,
+  parseJson,
+  parseView,
+  parseViews,
+  viewGuards,
+  watchTarget,
+  type View,
+  type Waiter,
 } from '../../src/etcd/view.js';
 
 const PREFIX = 'lh/';
@@ -16,7 +32,12 @@ const SESSION = '7';
 
 type Kv = IKeyValue;
 const kv = (key: string, value: string, createRev: number, lease = SESSION): Kv => ({
-  key: Buffer.from(key), value: Buffer.from(value), create_revision: String(createRev), mod_revision: String(createRev), version: '1', lease,
+  key: Buffer.from(key),
+  value: Buffer.from(value),
+  create_revision: String(createRev),
+  mod_revision: String(createRev),
+  version: '1',
+  lease,
 });
 /** A request of `name` in `mode`, created at `rev` (its place, and its token once granted). */
 const entry = (name: string, rev: number, o: { mode?: 'exclusive' | 'shared'; granted?: boolean; own?: boolean; lease?: string; lock?: KeyLayout } = {}): Kv =>
@@ -28,14 +49,25 @@ const view = (kvs: Kv[], revision = 100): View => parseView(PREFIX, kvs, BigInt(
 const own = (v: View, name: string) => v.entries.find((e) => e.key.endsWith(`/${name}`))!;
 /** A waiter of `name`; `session: null` for one that cannot be handed its grant (lock-delay: the grant is written down). */
 const waiter = (v: View, name: string, mode: 'exclusive' | 'shared' = 'exclusive', session: string | null = SESSION): Waiter => ({
-  prefix: PREFIX, layout, view: v, own: own(v, name), mode, session: session ?? undefined,
+  prefix: PREFIX,
+  layout,
+  view: v,
+  own: own(v, name),
+  mode,
+  session: session ?? undefined,
 });
 const put = (k: Kv): IEvent => ({ type: 'Put', kv: k }) as IEvent;
 const del = (k: Kv): IEvent => ({ type: 'Delete', kv: { ...k, value: Buffer.alloc(0) } }) as IEvent;
 
 describe('etcd view: reading the keys of a lock', () => {
   it('parses entries (queue order by create revision) and markers, and skips keys that are not ours', () => {
-    const v = view([entry('b', 12, { mode: 'shared', own: true }), entry('a', 10, { granted: true }), marker('a', 11, 10), kv(`${layout.base}x/y`, '{}', 13), kv('other/job/q/e/z', '{}', 14)]);
+    const v = view([
+      entry('b', 12, { mode: 'shared', own: true }),
+      entry('a', 10, { granted: true }),
+      marker('a', 11, 10),
+      kv(`${layout.base}x/y`, '{}', 13),
+      kv('other/job/q/e/z', '{}', 14),
+    ]);
     expect(v.revision).toBe(100n);
     expect(v.entries.map((e) => [e.encOwner, e.mode, e.rev, e.granted, e.ownLease, e.holder])).toEqual([
       ['a', 'exclusive', 10n, true, false, 'holder-a'],
@@ -98,7 +130,8 @@ describe('etcd view: who holds, who waits', () => {
 
   it(`a shared request without a place next to more than ${MAX_DELAY_GUARDS} marked shared holders waits (its guards would not fit)`, () => {
     const kvs: Kv[] = [];
-    for (let i = 0; i <= MAX_DELAY_GUARDS; i++) kvs.push(entry(`s${i}`, 10 + 2 * i, { mode: 'shared', granted: true }), marker(`s${i}`, 11 + 2 * i, 10 + 2 * i));
+    for (let i = 0; i <= MAX_DELAY_GUARDS; i++)
+      kvs.push(entry(`s${i}`, 10 + 2 * i, { mode: 'shared', granted: true }), marker(`s${i}`, 11 + 2 * i, 10 + 2 * i));
     const many = view(kvs);
     expect(grantable(many, undefined, 'shared')).toBe(false);
     expect(grantable(view(kvs.slice(2)), undefined, 'shared')).toBe(true);
@@ -141,7 +174,7 @@ describe('etcd view: what a waiter watches', () => {
     expect(t.follow).toMatchObject({ id: layout.entry('exclusive', 'me'), prefix: layout.base, from: 30n });
   });
 
-  it('behind requests and an expired holder\'s marker: no following, and with only markers left, their deletion', () => {
+  it("behind requests and an expired holder's marker: no following, and with only markers left, their deletion", () => {
     const both = view([marker('gone', 5, 5), entry('a', 10), entry('me', 12)]);
     const t = watchTarget(waiter(both, 'me'));
     expect(t.keys).toEqual([layout.entry('exclusive', 'a')]);
@@ -152,7 +185,8 @@ describe('etcd view: what a waiter watches', () => {
 
   it('a shared waiter held back only by too many marked holders watches every deletion under the lock', () => {
     const kvs: Kv[] = [];
-    for (let i = 0; i <= MAX_DELAY_GUARDS; i++) kvs.push(entry(`s${i}`, 10 + 2 * i, { mode: 'shared', granted: true }), marker(`s${i}`, 11 + 2 * i, 10 + 2 * i));
+    for (let i = 0; i <= MAX_DELAY_GUARDS; i++)
+      kvs.push(entry(`s${i}`, 10 + 2 * i, { mode: 'shared', granted: true }), marker(`s${i}`, 11 + 2 * i, 10 + 2 * i));
     const v = view([...kvs, entry('me', 1_000, { mode: 'shared' })]);
     expect(watchTarget(waiter(v, 'me', 'shared'))).toEqual({ keys: [], prefix: layout.base, afterRevision: 100n });
   });
@@ -208,7 +242,7 @@ describe('etcd view: what inspect reports', () => {
     });
   });
 
-  it('an expired holder\'s lock-delay: its token counts, its time left is the delay; nothing at all is no state', () => {
+  it("an expired holder's lock-delay: its token counts, its time left is the delay; nothing at all is no state", () => {
     const v = view([marker('gone', 8, 20, '99'), entry('w', 21)]);
     expect(inspectedLeases(v)).toEqual(['99']);
     expect(keyState('job', v, remaining({ 99: 3_000 }))).toEqual({ key: 'job', lastToken: 20n, holders: [], waiters: 1, lockDelayRemainingMs: 3_000 });

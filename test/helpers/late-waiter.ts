@@ -66,10 +66,12 @@ export async function manyWaitersGiveUpCleanly(setup: Pick<LateWaiterSetup, 'dir
   try {
     const lease = await holder.acquire(key, { ttlMs: 30_000 });
     const outcomes = await Promise.all(
-      Array.from({ length: options.waiters }, (_, i) => waiters[i % 2]!.acquire(key, { ttlMs: 30_000, waitMs: options.waitMs }).then(
-        () => 'granted',
-        (e: unknown) => (e as { code?: string }).code ?? String(e),
-      )),
+      Array.from({ length: options.waiters }, (_, i) =>
+        waiters[i % 2]!.acquire(key, { ttlMs: 30_000, waitMs: options.waitMs }).then(
+          () => 'granted',
+          (e: unknown) => (e as { code?: string }).code ?? String(e),
+        ),
+      ),
     );
     const counts: Record<string, number> = {};
     for (const o of outcomes) counts[o] = (counts[o] ?? 0) + 1;

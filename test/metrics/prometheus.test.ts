@@ -31,7 +31,10 @@ async function samples(registry: Registry): Promise<Map<string, number>> {
     for (const v of metric.values as { value: number; labels: Record<string, string | number>; metricName?: string }[]) {
       const name = v.metricName ?? metric.name;
       if (name.endsWith('_bucket')) continue;
-      const labels = Object.entries(v.labels).sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, x]) => `${k}="${x}"`).join(',');
+      const labels = Object.entries(v.labels)
+        .sort(([a], [b]) => (a < b ? -1 : 1))
+        .map(([k, x]) => `${k}="${x}"`)
+        .join(',');
       out.set(`${name}{${labels}}`, v.value);
     }
   }
@@ -204,7 +207,7 @@ describe('a real Prometheus scraping leasehold/metrics', () => {
   const dir = tempDir('leasehold-prometheus-');
   afterAll(async () => {
     prometheus?.kill('SIGKILL');
-    await new Promise((r) => server ? server.close(r) : r(undefined));
+    await new Promise((r) => (server ? server.close(r) : r(undefined)));
     dir.cleanup();
   });
 
@@ -225,24 +228,31 @@ describe('a real Prometheus scraping leasehold/metrics', () => {
         probe.close(() => resolve(p));
       });
     });
-    writeFileSync(join(dir.path, 'prometheus.yml'), `global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: app\n    static_configs:\n      - targets: ['${target}']\n`);
-    prometheus = spawn(PROMETHEUS, [
-      `--config.file=${join(dir.path, 'prometheus.yml')}`,
-      `--storage.tsdb.path=${join(dir.path, 'data')}`,
-      `--web.listen-address=127.0.0.1:${port}`,
-    ], { stdio: 'ignore' });
+    writeFileSync(
+      join(dir.path, 'prometheus.yml'),
+      `global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: app\n    static_configs:\n      - targets: ['${target}']\n`,
+    );
+    prometheus = spawn(
+      PROMETHEUS,
+      [`--config.file=${join(dir.path, 'prometheus.yml')}`, `--storage.tsdb.path=${join(dir.path, 'data')}`, `--web.listen-address=127.0.0.1:${port}`],
+      { stdio: 'ignore' },
+    );
     const query = `sum(leasehold_acquire_total{job="app",backend="sqlite",outcome="acquired"})`;
     let value: string | undefined;
-    const found = await eventually(async () => {
-      try {
-        const res = await fetch(`http://127.0.0.1:${port}/api/v1/query?query=${encodeURIComponent(query)}`);
-        const body = (await res.json()) as { data?: { result?: { value: [number, string] }[] } };
-        value = body.data?.result?.[0]?.value[1];
-        return value !== undefined;
-      } catch {
-        return false;
-      }
-    }, 30_000, 250);
+    const found = await eventually(
+      async () => {
+        try {
+          const res = await fetch(`http://127.0.0.1:${port}/api/v1/query?query=${encodeURIComponent(query)}`);
+          const body = (await res.json()) as { data?: { result?: { value: [number, string] }[] } };
+          value = body.data?.result?.[0]?.value[1];
+          return value !== undefined;
+        } catch {
+          return false;
+        }
+      },
+      30_000,
+      250,
+    );
     expect(found).toBe(true);
     expect(value).toBe('3');
   }, 60_000);

@@ -60,11 +60,21 @@ describe('traces', () => {
     const [acquire] = spans('leasehold.acquire');
     expect(acquire).toBeDefined();
     expect(parentOf(acquire!)).toBe(requestId);
-    expect(acquire!.attributes).toMatchObject({ 'leasehold.key': 'doc:1', 'leasehold.mode': 'exclusive', 'leasehold.token': token.toString(), 'leasehold.outcome': 'acquired' });
+    expect(acquire!.attributes).toMatchObject({
+      'leasehold.key': 'doc:1',
+      'leasehold.mode': 'exclusive',
+      'leasehold.token': token.toString(),
+      'leasehold.outcome': 'acquired',
+    });
     expect(typeof acquire!.attributes['leasehold.waited_ms']).toBe('number');
     const [write] = spans('leasehold.fence.write');
     expect(parentOf(write!)).toBe(requestId);
-    expect(write!.attributes).toMatchObject({ 'leasehold.fence': 'docs', 'leasehold.resource': 'doc:1', 'leasehold.token': token.toString(), 'leasehold.outcome': 'accepted' });
+    expect(write!.attributes).toMatchObject({
+      'leasehold.fence': 'docs',
+      'leasehold.resource': 'doc:1',
+      'leasehold.token': token.toString(),
+      'leasehold.outcome': 'accepted',
+    });
     stop();
     exporter.reset();
   });
@@ -80,7 +90,10 @@ describe('traces', () => {
     await expect(locks.acquire('busy', { waitMs: 50 })).rejects.toBeInstanceOf(AcquireTimeoutError);
     await held.release();
     await other.close();
-    expect(spans('leasehold.fence.write').map((s) => [s.attributes['leasehold.outcome'], s.attributes['leasehold.highest']])).toEqual([['accepted', undefined], ['refused', '10']]);
+    expect(spans('leasehold.fence.write').map((s) => [s.attributes['leasehold.outcome'], s.attributes['leasehold.highest']])).toEqual([
+      ['accepted', undefined],
+      ['refused', '10'],
+    ]);
     expect(spans('leasehold.acquire').map((s) => s.attributes['leasehold.outcome'])).toEqual(['busy', 'timeout']);
     stop();
     exporter.reset();
@@ -95,7 +108,9 @@ describe('traces', () => {
       job.end();
     });
     const [job] = spans('job');
-    expect(job!.events.map((e) => [e.name, e.attributes?.['leasehold.key'], e.attributes?.['leasehold.reason']])).toEqual([['leasehold.lease_lost', 'nightly', 'expired']]);
+    expect(job!.events.map((e) => [e.name, e.attributes?.['leasehold.key'], e.attributes?.['leasehold.reason']])).toEqual([
+      ['leasehold.lease_lost', 'nightly', 'expired'],
+    ]);
     stop();
     exporter.reset();
   });

@@ -46,7 +46,15 @@ function recordingPool(inner: pg.Pool): { pool: PgPool; statements: string[] } {
 }
 
 const request = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: `holder-${owner}`, queue: false, queueTtlMs: 2_000, ...extra,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: `holder-${owner}`,
+  queue: false,
+  queueTtlMs: 2_000,
+  ...extra,
 });
 
 afterEach(async () => {
@@ -287,7 +295,7 @@ describe('postgres backend', () => {
     if (!busy.granted) expect(busy.retryInMs).toBeGreaterThan(50_000);
   });
 
-  it('close() wakes subscribed waiters, and (through core\'s guard, as Locks uses it) further calls are refused', async () => {
+  it("close() wakes subscribed waiters, and (through core's guard, as Locks uses it) further calls are refused", async () => {
     const backend: Backend = guardBackend(postgresBackend({ connectionString: PG_URL, schema }));
     let woken = 0;
     await backend.subscribe!('closing', () => woken++);
@@ -315,11 +323,10 @@ describe('postgres LISTEN connection on the real server', () => {
     for (let i = 0; i < 5; i++) offs.push(await backend.subscribe!(`direct-${i}`, () => {}));
     // a pooler check on each subscribe would make `SELECT pg_backend_pid() AS pid` the connection's
     // last statement, and the LISTEN naming our schema would no longer show
-    const { rows } = await admin.query(
-      `SELECT query, state FROM pg_stat_activity WHERE application_name = 'leasehold-listen' AND strpos(query, $1) > 0`,
-      [schema],
-    );
-    expect(rows, 'the LISTEN connection\'s last statement is still its LISTEN').toHaveLength(1);
+    const { rows } = await admin.query(`SELECT query, state FROM pg_stat_activity WHERE application_name = 'leasehold-listen' AND strpos(query, $1) > 0`, [
+      schema,
+    ]);
+    expect(rows, "the LISTEN connection's last statement is still its LISTEN").toHaveLength(1);
     expect(rows[0].query).toMatch(/^LISTEN "[^"]+"; SELECT pg_backend_pid\(\) AS pid$/);
     for (const off of offs) off();
   });

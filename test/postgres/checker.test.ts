@@ -9,7 +9,10 @@ const good: History = {
     { seq: 3, id: 'b1', token: 2n },
   ],
   counter: 3,
-  acknowledged: [{ id: 'a1', token: 1n }, { id: 'b1', token: 2n }],
+  acknowledged: [
+    { id: 'a1', token: 1n },
+    { id: 'b1', token: 2n },
+  ],
   grants: [
     { worker: 0, token: 1n, requestedAt: 0, grantedAt: 1 },
     { worker: 1, token: 2n, requestedAt: 1, grantedAt: 20 },

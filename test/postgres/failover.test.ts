@@ -88,7 +88,9 @@ async function prepare(schema: string): Promise<void> {
   await admin!.query(`CREATE TABLE ${schema}.counter (id integer PRIMARY KEY, n integer NOT NULL)`);
   await admin!.query(`INSERT INTO ${schema}.counter VALUES (1, 0)`);
   // no unique constraint on id: a duplicate commit must be visible to the checker
-  await admin!.query(`CREATE TABLE ${schema}.increments (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id text NOT NULL, token bigint NOT NULL, worker integer NOT NULL)`);
+  await admin!.query(
+    `CREATE TABLE ${schema}.increments (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id text NOT NULL, token bigint NOT NULL, worker integer NOT NULL)`,
+  );
 }
 
 function spawnWorkers(schema: string, count: number, fence: 'real' | 'none'): Worker[] {
@@ -145,10 +147,7 @@ async function history(schema: string, all: Worker[], restarts: History['restart
 
 async function stopAll(all: Worker[]): Promise<void> {
   for (const w of all) w.send('stop');
-  const codes = await Promise.race([
-    Promise.all(all.map((w) => w.exited)),
-    new Promise<null>((resolve) => setTimeout(() => resolve(null), 60_000).unref()),
-  ]);
+  const codes = await Promise.race([Promise.all(all.map((w) => w.exited)), new Promise<null>((resolve) => setTimeout(() => resolve(null), 60_000).unref())]);
   if (codes === null || codes.some((c) => c !== 0)) {
     throw new Error(`workers did not stop cleanly: ${JSON.stringify(codes)}\n${all.map((w) => w.stderr.join('')).join('\n')}`);
   }
@@ -163,7 +162,9 @@ describe('postgres failover: restarts and a zombie, PostgreSQL as coordinator an
 
     await waitFor('20 increments', async () => (await count(schema)) >= 20);
     const zombieToken = await zombie(schema, all[0]!);
-    await waitFor('the zombie to try its write', () => all[0]!.events.some((e) => (e.ev === 'refused' || e.ev === 'accepted' || e.ev === 'failed') && e.token === String(zombieToken)));
+    await waitFor('the zombie to try its write', () =>
+      all[0]!.events.some((e) => (e.ev === 'refused' || e.ev === 'accepted' || e.ev === 'failed') && e.token === String(zombieToken)),
+    );
     const outcome = all[0]!.events.find((e) => e.token === String(zombieToken) && e.ev !== 'granted' && e.ev !== 'paused' && e.ev !== 'resumed');
     expect(outcome?.ev).toBe('refused');
 

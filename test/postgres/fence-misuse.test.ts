@@ -65,7 +65,9 @@ describe('postgresFence misuse', () => {
     await fence.write(r, 1n, (tx) => insert(tx, r, 'one'));
     const e = await fence
       .write(r, 2n, async (tx) => {
-        await tx.query(`INSERT INTO ${schema}.items (resource, value) VALUES ('${r}', 'before'); ROLLBACK; BEGIN; INSERT INTO ${schema}.items (resource, value) VALUES ('${r}', 'after')`);
+        await tx.query(
+          `INSERT INTO ${schema}.items (resource, value) VALUES ('${r}', 'before'); ROLLBACK; BEGIN; INSERT INTO ${schema}.items (resource, value) VALUES ('${r}', 'after')`,
+        );
       })
       .catch((x: unknown) => x);
     expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });
@@ -104,7 +106,7 @@ describe('postgresFence misuse', () => {
     expect(pool.idleCount).toBe(pool.totalCount);
   });
 
-  it('the client kept after write settled is refused (it is back in the pool, maybe in another writer\'s transaction)', async () => {
+  it("the client kept after write settled is refused (it is back in the pool, maybe in another writer's transaction)", async () => {
     const r = res('kept');
     let kept: PgClient | undefined;
     await fence.write(r, 1n, (tx) => {

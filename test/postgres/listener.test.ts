@@ -8,7 +8,10 @@ import { eventually, sleep } from '../helpers/env.js';
 class ScriptedConnection extends EventEmitter {
   readonly queries: string[] = [];
   /** `processID`: the pid of the connection's BackendKeyData (a direct connection's equals the server's answer). */
-  constructor(private readonly pids: number[], readonly processID?: number) {
+  constructor(
+    private readonly pids: number[],
+    readonly processID?: number,
+  ) {
     super();
   }
   async query(text: string): Promise<unknown> {

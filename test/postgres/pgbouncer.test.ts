@@ -84,7 +84,10 @@ fenceConformance<PgClient>('postgres behind pgbouncer (transaction mode)', async
     fenceWith: (options) => postgresFence(pool, { schema, table: 'marks', ...options }),
     async increment(tx, r) {
       const { rows } = await tx.query(`SELECT n FROM ${schema}.counters WHERE resource = $1`, [r]);
-      await tx.query(`INSERT INTO ${schema}.counters (resource, n) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET n = EXCLUDED.n`, [r, ((rows[0]?.n as number | undefined) ?? 0) + 1]);
+      await tx.query(`INSERT INTO ${schema}.counters (resource, n) VALUES ($1, $2) ON CONFLICT (resource) DO UPDATE SET n = EXCLUDED.n`, [
+        r,
+        ((rows[0]?.n as number | undefined) ?? 0) + 1,
+      ]);
     },
     async append(tx, r, v) {
       await tx.query(`INSERT INTO ${schema}.items (resource, value) VALUES ($1, $2)`, [r, v]);

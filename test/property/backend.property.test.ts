@@ -25,7 +25,18 @@ const CLIENTS = 4;
 const QUEUE_TTL = 120;
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
-  { weight: 5, arbitrary: fc.record({ op: fc.constant('acquire' as const), c: fc.nat(CLIENTS - 1), key: fc.nat(1), mode: fc.constantFrom<LockMode>('exclusive', 'shared'), ttl: fc.integer({ min: 10, max: 200 }), lockDelay: fc.constantFrom(0, 0, 60), queue: fc.boolean() }) },
+  {
+    weight: 5,
+    arbitrary: fc.record({
+      op: fc.constant('acquire' as const),
+      c: fc.nat(CLIENTS - 1),
+      key: fc.nat(1),
+      mode: fc.constantFrom<LockMode>('exclusive', 'shared'),
+      ttl: fc.integer({ min: 10, max: 200 }),
+      lockDelay: fc.constantFrom(0, 0, 60),
+      queue: fc.boolean(),
+    }),
+  },
   { weight: 2, arbitrary: fc.record({ op: fc.constant('renew' as const), c: fc.nat(CLIENTS - 1), ttl: fc.integer({ min: 10, max: 200 }) }) },
   { weight: 2, arbitrary: fc.record({ op: fc.constant('release' as const), c: fc.nat(CLIENTS - 1) }) },
   { weight: 1, arbitrary: fc.record({ op: fc.constant('releaseForeign' as const), c: fc.nat(CLIENTS - 1), d: fc.nat(CLIENTS - 1) }) },
@@ -33,8 +44,19 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 3, arbitrary: fc.record({ op: fc.constant('advance' as const), ms: fc.integer({ min: 0, max: 150 }) }) },
 );
 
-interface Grant { key: string; owner: string; token: bigint; mode: LockMode; expiresAt: number; lockDelay: number }
-interface Waiter { owner: string; mode: LockMode; expiresAt: number }
+interface Grant {
+  key: string;
+  owner: string;
+  token: bigint;
+  mode: LockMode;
+  expiresAt: number;
+  lockDelay: number;
+}
+interface Waiter {
+  owner: string;
+  mode: LockMode;
+  expiresAt: number;
+}
 
 /** Runs one history against `backend` (whose clock reads `time.now`) and the model; throws on the first divergence. */
 async function check(ops: Op[], make: (time: { now: number }) => Backend): Promise<void> {
@@ -56,7 +78,10 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
         grants.delete(c);
       }
     }
-    queues.set(key, queues.get(key)!.filter((w) => w.expiresAt > time.now));
+    queues.set(
+      key,
+      queues.get(key)!.filter((w) => w.expiresAt > time.now),
+    );
   };
   const live = (key: string): Grant[] => [...grants.values()].filter((g) => g.key === key);
 
@@ -89,7 +114,16 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
           }
         } else clearAhead = queue.length === 0;
         const expected = compatible && time.now >= (delayUntil.get(key) ?? 0) && clearAhead;
-        const r = await backend.acquire({ key, owner, mode: o.mode, ttlMs: o.ttl, lockDelayMs: o.lockDelay, holder: `c${o.c}`, queue: o.queue, queueTtlMs: QUEUE_TTL });
+        const r = await backend.acquire({
+          key,
+          owner,
+          mode: o.mode,
+          ttlMs: o.ttl,
+          lockDelayMs: o.lockDelay,
+          holder: `c${o.c}`,
+          queue: o.queue,
+          queueTtlMs: QUEUE_TTL,
+        });
         expect(r.granted, where).toBe(expected);
         if (r.granted) {
           const prev = lastToken.get(key) ?? 0n;
@@ -98,7 +132,10 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
           seenTokens.add(`${key}/${r.token}`);
           lastToken.set(key, r.token);
           grants.set(o.c, { key, owner, token: r.token, mode: o.mode, expiresAt: time.now + o.ttl, lockDelay: o.lockDelay });
-          queues.set(key, queue.filter((w) => w.owner !== owner));
+          queues.set(
+            key,
+            queue.filter((w) => w.owner !== owner),
+          );
           queuedOwner.delete(slot);
         } else if (o.queue) {
           const mine = queue.find((w) => w.owner === owner);
@@ -113,7 +150,10 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
         const owner = queuedOwner.get(`${o.c}/${key}`);
         if (!owner) continue;
         await backend.cancelWait!({ key, owner });
-        queues.set(key, queues.get(key)!.filter((w) => w.owner !== owner));
+        queues.set(
+          key,
+          queues.get(key)!.filter((w) => w.owner !== owner),
+        );
         queuedOwner.delete(`${o.c}/${key}`);
         continue;
       }

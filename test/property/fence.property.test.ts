@@ -20,7 +20,13 @@ import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
 import { PG_URL, uniqueName } from '../helpers/env.js';
 
 /** `otherLock`: a sequencer names another lock than the resource's own (the fence is told `lockKey: (r) => r`). */
-interface Op { resource: number; token: number; form: 'bigint' | 'decimal' | 'sequencer'; throws: boolean; otherLock: boolean }
+interface Op {
+  resource: number;
+  token: number;
+  form: 'bigint' | 'decimal' | 'sequencer';
+  throws: boolean;
+  otherLock: boolean;
+}
 
 const opArbWith = (otherLock: fc.Arbitrary<boolean>): fc.Arbitrary<Op> =>
   fc.record({
@@ -66,7 +72,10 @@ async function check(ops: Op[], subject: Subject): Promise<void> {
       const own = op.throws ? new Error(`user error ${i}`) : undefined;
       const outcome = await subject.fence
         .write(resource, tokenInput(op, resource), (tx) => subject.mutate(tx, resource, t, own, `result ${i}`))
-        .then((value) => ({ value }), (error: unknown) => ({ error }));
+        .then(
+          (value) => ({ value }),
+          (error: unknown) => ({ error }),
+        );
       const high = highest.get(resource);
       if (op.form === 'sequencer' && op.otherLock) {
         expect('error' in outcome, `${where}: a sequencer of another lock accepted`).toBe(true);
@@ -76,7 +85,11 @@ async function check(ops: Op[], subject: Subject): Promise<void> {
         expect('error' in outcome, `${where}: stale token accepted`).toBe(true);
         const e = (outcome as { error: unknown }).error;
         expect(e, where).toBeInstanceOf(StaleTokenError);
-        expect({ resource: (e as StaleTokenError).resource, token: (e as StaleTokenError).token, highest: (e as StaleTokenError).highest }, where).toEqual({ resource, token: t, highest: high });
+        expect({ resource: (e as StaleTokenError).resource, token: (e as StaleTokenError).token, highest: (e as StaleTokenError).highest }, where).toEqual({
+          resource,
+          token: t,
+          highest: high,
+        });
       } else if (own) {
         expect(outcome, `${where}: the user's error must reach the caller unchanged`).toEqual({ error: own });
         expect((outcome as { error: unknown }).error, where).toBe(own);
@@ -177,11 +190,17 @@ const MUTANTS: Record<string, () => Fence<void>> = {
 
 describe('I3 over random write sequences (model-checked)', () => {
   it('memory fence', async () => {
-    await fc.assert(fc.asyncProperty(lockHistories, (ops) => check(ops, memorySubject())), { numRuns: 300 });
+    await fc.assert(
+      fc.asyncProperty(lockHistories, (ops) => check(ops, memorySubject())),
+      { numRuns: 300 },
+    );
   });
 
   it('sqlite fence', async () => {
-    await fc.assert(fc.asyncProperty(lockHistories, (ops) => check(ops, sqliteSubject())), { numRuns: 200 });
+    await fc.assert(
+      fc.asyncProperty(lockHistories, (ops) => check(ops, sqliteSubject())),
+      { numRuns: 200 },
+    );
   });
 
   describe('postgres fence (real server)', () => {
@@ -208,11 +227,17 @@ describe('I3 over random write sequences (model-checked)', () => {
             if (error) throw error;
             return result;
           },
-          data: async (res) => (await pool.query(`SELECT token FROM ${schema}.items WHERE run = $1 AND resource = $2 ORDER BY seq`, [r, res])).rows.map((x) => BigInt(x.token as string)),
+          data: async (res) =>
+            (await pool.query(`SELECT token FROM ${schema}.items WHERE run = $1 AND resource = $2 ORDER BY seq`, [r, res])).rows.map((x) =>
+              BigInt(x.token as string),
+            ),
           done: async () => {},
         };
       };
-      await fc.assert(fc.asyncProperty(fc.array(lockOpArb, { minLength: 1, maxLength: 25 }), (ops) => check(ops, subject())), { numRuns: 25 });
+      await fc.assert(
+        fc.asyncProperty(fc.array(lockOpArb, { minLength: 1, maxLength: 25 }), (ops) => check(ops, subject())),
+        { numRuns: 25 },
+      );
     });
   });
 
@@ -229,7 +254,12 @@ describe('I3 over random write sequences (model-checked)', () => {
 
   it('the model catches a fence that ignores which lock a sequencer came from (the mutant must fail)', async () => {
     const result = await fc.check(
-      fc.asyncProperty(lockHistories, (ops) => check(ops, memorySubject(() => memoryFence()))),
+      fc.asyncProperty(lockHistories, (ops) =>
+        check(
+          ops,
+          memorySubject(() => memoryFence()),
+        ),
+      ),
       { numRuns: 500, seed: 20261201, endOnFailure: true },
     );
     expect(result.failed, 'a fence without lockKey escaped the model').toBe(true);

@@ -18,7 +18,11 @@ describe('the leasehold command on Redis', () => {
     const first = cli('run', 'cron:nightly', '--url', server.url, '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)');
     expect(first.status).toBe(0);
     expect(BigInt(first.stdout.trim())).toBeGreaterThan(0n);
-    const holder = spawnSync(process.execPath, ['-e', `
+    const holder = spawnSync(
+      process.execPath,
+      [
+        '-e',
+        `
       const { spawn, spawnSync } = require('node:child_process');
       const child = spawn(process.execPath, [${JSON.stringify(MAIN)}, 'run', 'cron:busy', '--url', ${JSON.stringify(server.url)}, '--', process.execPath, '-e', 'setTimeout(() => {}, 3000)'], { stdio: 'ignore' });
       setTimeout(() => {
@@ -26,7 +30,10 @@ describe('the leasehold command on Redis', () => {
         console.log(r.status);
         child.kill('SIGTERM');
       }, 1000);
-    `], { encoding: 'utf8', timeout: 30_000 });
+    `,
+      ],
+      { encoding: 'utf8', timeout: 30_000 },
+    );
     expect(holder.stdout.trim()).toBe('75');
     const hosts = [server, b, c].map((s) => `127.0.0.1:${s.port}`).join(',');
     const viaRedlock = cli('run', 'cron:quorum', '--url', `redlock://${hosts}`, '--', process.execPath, '-e', 'console.log(process.env.LEASEHOLD_TOKEN)');

@@ -14,7 +14,14 @@ import { startRedis, stopAll } from './servers.js';
 afterAll(stopAll);
 
 const req = (key: string, owner: string): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: false,
+  queueTtlMs: 2_000,
 });
 
 /** Number of keys in each of the server's first `n` databases. */
@@ -34,14 +41,20 @@ describe('redisBackend({ url }) and the database in the URL', () => {
     const backend = redisBackend({ url: `${server.url}/9` });
     try {
       for (const attempt of [1, 2]) {
-        const error = await backend.acquire(req('k', `o${attempt}`)).then(() => undefined, (e: unknown) => e);
+        const error = await backend.acquire(req('k', `o${attempt}`)).then(
+          () => undefined,
+          (e: unknown) => e,
+        );
         expect(error, `attempt ${attempt}`).toBeInstanceOf(InvalidArgumentError);
         expect(error).toMatchObject({ argument: 'options.url', retryable: false });
         expect((error as Error).message).toMatch(/selects database 9, which the server refuses: ERR/);
       }
       // Through Locks (with its session) the same error reaches the caller, not a retry.
       const locks = createLocks({ backend: redisBackend({ url: `${server.url}?db=9` }) });
-      const viaLocks = await locks.acquire('k', { ttlMs: 10_000, waitMs: 1_000 }).then(() => undefined, (e: unknown) => e);
+      const viaLocks = await locks.acquire('k', { ttlMs: 10_000, waitMs: 1_000 }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
       await locks.close();
       expect(viaLocks).toBeInstanceOf(InvalidArgumentError);
       expect(await sizes(server.url, 4)).toEqual([0, 0, 0, 0]);
@@ -54,7 +67,10 @@ describe('redisBackend({ url }) and the database in the URL', () => {
   it('a database the server has is where the keys land (path or db=)', async () => {
     const server = await startRedis(['--databases', '4']);
     try {
-      for (const [url, db] of [[`${server.url}/2`, 2], [`${server.url}?db=3`, 3]] as const) {
+      for (const [url, db] of [
+        [`${server.url}/2`, 2],
+        [`${server.url}?db=3`, 3],
+      ] as const) {
         const backend = redisBackend({ url });
         const g = await backend.acquire(req(`k${db}`, 'o'));
         expect(g.granted).toBe(true);

@@ -76,11 +76,22 @@ describe('redis failure behaviour', () => {
     client.on('error', () => {});
     const backend = redisBackend({ client, commandTimeoutMs: 500 });
     try {
-      const g = await backend.acquire({ key: 'mine', owner: 'o', mode: 'exclusive', ttlMs: 1_000, lockDelayMs: 0, holder: 'h', queue: false, queueTtlMs: 2_000 });
+      const g = await backend.acquire({
+        key: 'mine',
+        owner: 'o',
+        mode: 'exclusive',
+        ttlMs: 1_000,
+        lockDelayMs: 0,
+        holder: 'h',
+        queue: false,
+        queueTtlMs: 2_000,
+      });
       expect(g.granted).toBe(true);
       await server.kill('SIGKILL');
       await eventually(() => client.status !== 'ready', 2_000);
-      const e = await backend.acquire({ key: 'mine', owner: 'p', mode: 'exclusive', ttlMs: 1_000, lockDelayMs: 0, holder: 'h', queue: false, queueTtlMs: 2_000 }).catch((x: unknown) => x);
+      const e = await backend
+        .acquire({ key: 'mine', owner: 'p', mode: 'exclusive', ttlMs: 1_000, lockDelayMs: 0, holder: 'h', queue: false, queueTtlMs: 2_000 })
+        .catch((x: unknown) => x);
       expect(e).toBeInstanceOf(BackendUnavailableError);
       await server.start();
       await eventually(() => client.status === 'ready', 5_000);
@@ -144,8 +155,16 @@ describe('redis failure behaviour', () => {
     const io = new Redis(server.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => null });
     io.on('error', () => {});
     const fences = [
-      { name: 'ioredis', fence: redisFence(io, { commandTimeoutMs: 1_000 }), push: (tx: unknown) => (tx as { rpush(k: string, v: string): unknown }).rpush('a-string', 'x') },
-      { name: 'node-redis', fence: redisFence(node, { commandTimeoutMs: 1_000 }), push: (tx: unknown) => (tx as { rPush(k: string, v: string): unknown }).rPush('a-string', 'x') },
+      {
+        name: 'ioredis',
+        fence: redisFence(io, { commandTimeoutMs: 1_000 }),
+        push: (tx: unknown) => (tx as { rpush(k: string, v: string): unknown }).rpush('a-string', 'x'),
+      },
+      {
+        name: 'node-redis',
+        fence: redisFence(node, { commandTimeoutMs: 1_000 }),
+        push: (tx: unknown) => (tx as { rPush(k: string, v: string): unknown }).rPush('a-string', 'x'),
+      },
     ];
     try {
       await admin.set('a-string', 'not a list');

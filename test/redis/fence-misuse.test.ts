@@ -174,7 +174,9 @@ for (const d of drivers) {
         const { log: key } = names();
         const r = `doc:${d.name}:${++n}`;
         await guarded.write(r, formatSequencer(`lock:${r}`, 'exclusive', 3n), (tx) => d.push(tx as AnyMulti, key, 'own'));
-        const e = await guarded.write(r, formatSequencer('some-other-lock', 'exclusive', 900n), (tx) => d.push(tx as AnyMulti, key, 'other')).catch((x: unknown) => x);
+        const e = await guarded
+          .write(r, formatSequencer('some-other-lock', 'exclusive', 900n), (tx) => d.push(tx as AnyMulti, key, 'other'))
+          .catch((x: unknown) => x);
         expect(e).toBeInstanceOf(InvalidArgumentError);
         expect(e).toMatchObject({ argument: 'token' });
         expect((e as Error).message).toContain(`lock:${r}`);

@@ -48,7 +48,14 @@ async function noLeftoverConnections(server: RedisServer): Promise<boolean> {
 }
 
 const req = (key: string, owner: string, queue: boolean) => ({
-  key, owner, mode: 'exclusive' as const, ttlMs: 5_000, lockDelayMs: 0, holder: 'h', queue, queueTtlMs: 5_000,
+  key,
+  owner,
+  mode: 'exclusive' as const,
+  ttlMs: 5_000,
+  lockDelayMs: 0,
+  holder: 'h',
+  queue,
+  queueTtlMs: 5_000,
 });
 
 describe('redis: close() against a frozen server', () => {

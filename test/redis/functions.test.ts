@@ -17,7 +17,15 @@ import { commandStats, delta, scriptCalls, startRedis, stopAll } from './servers
 afterAll(stopAll);
 
 const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: false,
+  queueTtlMs: 2_000,
+  ...extra,
 });
 
 async function grantAndRelease(backend: Backend, key: string, owner: string): Promise<bigint> {

@@ -18,7 +18,15 @@ let admin: Redis;
 const opened: (Locks | Backend)[] = [];
 const open = <T extends Locks | Backend>(x: T): T => (opened.push(x), x);
 const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 5_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 5_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: false,
+  queueTtlMs: 2_000,
+  ...extra,
 });
 
 beforeAll(async () => {

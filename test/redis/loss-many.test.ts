@@ -59,9 +59,7 @@ describe(`redis: ${COUNT} leases on one session, cut off`, () => {
       proxy.hold(); // the partition: keep-alives no longer arrive
       const { granted } = (await waitFor('granted')) as unknown as { granted: { key: string; at: number }[] };
       expect(abortedAt.size).toBe(COUNT);
-      const late = granted
-        .map((g) => ({ key: g.key, grantedAt: g.at, abortedAt: abortedAt.get(g.key)! }))
-        .filter((g) => !(g.abortedAt < g.grantedAt));
+      const late = granted.map((g) => ({ key: g.key, grantedAt: g.at, abortedAt: abortedAt.get(g.key)! })).filter((g) => !(g.abortedAt < g.grantedAt));
       expect(late).toEqual([]); // a lease still "valid" while another process held its key would be listed here
     } finally {
       child?.kill('SIGKILL');

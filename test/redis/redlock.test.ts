@@ -97,7 +97,15 @@ describe('redlock', () => {
 });
 
 const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: false, queueTtlMs: 2_000, ...extra,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: false,
+  queueTtlMs: 2_000,
+  ...extra,
 });
 
 /** Three servers of the test's own, an admin connection to each, killed and closed by `done`. */
@@ -229,12 +237,17 @@ describe('redlock failures', () => {
   for (const driver of ['ioredis (urls)', 'node-redis (clients)'] as const) {
     it(`${driver}: after SCRIPT FLUSH on every server, EVALSHA falls back to EVAL and operations go on`, async () => {
       const { servers: own, admins, done } = await trio();
-      const nodeClients = driver === 'node-redis (clients)' ? await Promise.all(own.map(async (s) => {
-        const c = createClient({ url: s.url });
-        c.on('error', () => {});
-        await c.connect();
-        return c;
-      })) : [];
+      const nodeClients =
+        driver === 'node-redis (clients)'
+          ? await Promise.all(
+              own.map(async (s) => {
+                const c = createClient({ url: s.url });
+                c.on('error', () => {});
+                await c.connect();
+                return c;
+              }),
+            )
+          : [];
       const backend: Backend = nodeClients.length > 0 ? redlockBackend({ clients: nodeClients }) : redlockBackend({ urls: own.map((s) => s.url) });
       try {
         const g1 = await backend.acquire(req('flush', 'a'));

@@ -40,7 +40,15 @@ export function freePort(): Promise<number> {
 }
 
 async function ping(port: number): Promise<boolean> {
-  const client = new Redis({ port, host: '127.0.0.1', lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 500 });
+  const client = new Redis({
+    port,
+    host: '127.0.0.1',
+    lazyConnect: true,
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    connectTimeout: 500,
+  });
   client.on('error', () => {});
   try {
     await client.connect();
@@ -66,7 +74,11 @@ export async function startRedis(extraArgs: string[] = []): Promise<RedisServer>
   let child: ChildProcess | undefined;
   const start = async (): Promise<void> => {
     rmSync(join(dir, 'dump.rdb'), { force: true });
-    const p = spawn(SERVER_BIN, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--logfile', '', '--loglevel', 'warning', ...extraArgs], { stdio: 'ignore', cwd: dir });
+    const p = spawn(
+      SERVER_BIN,
+      ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--logfile', '', '--loglevel', 'warning', ...extraArgs],
+      { stdio: 'ignore', cwd: dir },
+    );
     child = p;
     running.add(p);
     p.on('exit', () => running.delete(p));

@@ -69,7 +69,17 @@ describe('redis sessions', () => {
     const locks = new Locks({ backend: redisBackend({ url: server.url }) });
     try {
       const session = await crashed.sessions!.open(300);
-      const g = await crashed.acquire({ key: 'c', owner: 'crasher', mode: 'exclusive', ttlMs: 300, lockDelayMs: 400, holder: 'crasher', queue: false, queueTtlMs: 2_000, session: session.id });
+      const g = await crashed.acquire({
+        key: 'c',
+        owner: 'crasher',
+        mode: 'exclusive',
+        ttlMs: 300,
+        lockDelayMs: 400,
+        holder: 'crasher',
+        queue: false,
+        queueTtlMs: 2_000,
+        session: session.id,
+      });
       expect(g.granted).toBe(true);
       await crashed.close(); // no keep-alive from now on
       expect(await locks.tryAcquire('c', { ttlMs: 300 })).toBeNull();

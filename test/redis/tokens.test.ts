@@ -13,7 +13,16 @@ import { startRedis, stopAll } from './servers.js';
 
 afterAll(stopAll);
 
-const request = (key: string, owner: string) => ({ key, owner, mode: 'exclusive' as const, ttlMs: 5_000, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2_000 });
+const request = (key: string, owner: string) => ({
+  key,
+  owner,
+  mode: 'exclusive' as const,
+  ttlMs: 5_000,
+  lockDelayMs: 0,
+  holder: 'test',
+  queue: false,
+  queueTtlMs: 2_000,
+});
 
 describe('redis tokens survive data loss', () => {
   it('kill -9 and restart empty: the next token is still greater', async () => {

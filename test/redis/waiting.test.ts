@@ -26,7 +26,15 @@ const backend = (): Backend => {
   return b;
 };
 const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key, owner, mode: 'exclusive', ttlMs: 10_000, lockDelayMs: 0, holder: owner, queue: true, queueTtlMs: 5_000, ...extra,
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: true,
+  queueTtlMs: 5_000,
+  ...extra,
 });
 
 beforeAll(async () => {
@@ -234,7 +242,11 @@ describe('redis waiting', () => {
     const excl = await owner.acquire('mixed', { ttlMs: 10_000 });
     const granted: string[] = [];
     const leases: Promise<Lease>[] = [];
-    for (const [name, mode] of [['s1', 'shared'], ['s2', 'shared'], ['e3', 'exclusive']] as const) {
+    for (const [name, mode] of [
+      ['s1', 'shared'],
+      ['s2', 'shared'],
+      ['e3', 'exclusive'],
+    ] as const) {
       const c = locks();
       leases.push(c.acquire('mixed', { ttlMs: 10_000, waitMs: 20_000, mode }).then((l) => (granted.push(name), l)));
       await eventually(async () => (await owner.inspect('mixed'))[0]?.waiters === leases.length, 5_000);
@@ -334,5 +346,4 @@ describe('redis waiting', () => {
       }
     });
   }
-
 });

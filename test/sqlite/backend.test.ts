@@ -53,7 +53,16 @@ describe('sqlite backend across a machine restart', () => {
 });
 
 describe('sqlite backend on a database the user already has', () => {
-  const request = (owner: string): AcquireRequest => ({ key: 'k', owner, mode: 'exclusive', ttlMs: 60_000, lockDelayMs: 0, holder: 'test', queue: false, queueTtlMs: 2_000 });
+  const request = (owner: string): AcquireRequest => ({
+    key: 'k',
+    owner,
+    mode: 'exclusive',
+    ttlMs: 60_000,
+    lockDelayMs: 0,
+    holder: 'test',
+    queue: false,
+    queueTtlMs: 2_000,
+  });
 
   it("refuses to grant inside the user's open transaction, whose rollback would take the token back (I1, I2)", async () => {
     const db = new Database(':memory:');

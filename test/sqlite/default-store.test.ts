@@ -18,7 +18,12 @@ describe('the embedded default', () => {
   const dir = tempDir();
   afterAll(() => dir.cleanup());
   const run = (env: Record<string, string | undefined>) =>
-    execFileSync(process.execPath, ['--input-type=module', '-e', script], { cwd: dir.path, env: { ...process.env, LEASEHOLD_URL: undefined, ...env }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
+    execFileSync(process.execPath, ['--input-type=module', '-e', script], {
+      cwd: dir.path,
+      env: { ...process.env, LEASEHOLD_URL: undefined, ...env },
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+    }).trim();
 
   it('uses ./leasehold.db in the working directory, durably across processes', () => {
     expect(run({})).toBe('1');

@@ -56,10 +56,12 @@ describe('sqliteFence misuse', () => {
     const { db, fence, data } = setup();
     db.exec('BEGIN');
     ins(db, 10);
-    const e = await fence.write('r', 1n, (tx) => {
-      ins(tx, 11);
-      tx.exec('COMMIT');
-    }).catch((x: unknown) => x);
+    const e = await fence
+      .write('r', 1n, (tx) => {
+        ins(tx, 11);
+        tx.exec('COMMIT');
+      })
+      .catch((x: unknown) => x);
     expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate' });
     expect(db.inTransaction).toBe(true);
     db.exec('ROLLBACK');
@@ -70,11 +72,13 @@ describe('sqliteFence misuse', () => {
 
   it('a thenable without .catch is InvalidArgumentError naming mutate (not BackendUnavailableError), nothing committed', async () => {
     const { db, fence, data } = setup();
-    const e = await fence.write('r', 1n, (tx) => {
-      ins(tx, 1);
-      // biome-ignore lint/suspicious/noThenProperty: a thenable is what this test hands the fence
-      return { then: (ok: (v: number) => void) => ok(1) } as unknown as number;
-    }).catch((x: unknown) => x);
+    const e = await fence
+      .write('r', 1n, (tx) => {
+        ins(tx, 1);
+        // biome-ignore lint/suspicious/noThenProperty: a thenable is what this test hands the fence
+        return { then: (ok: (v: number) => void) => ok(1) } as unknown as number;
+      })
+      .catch((x: unknown) => x);
     expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });
     expect(await fence.highest('r')).toBeNull();
     expect(data()).toEqual([]);

@@ -23,9 +23,11 @@ describe('sqliteFence on a fresh database', () => {
     const db = new Database(':memory:');
     const fence = sqliteFence(db);
     const boom = new Error('boom');
-    await expect(fence.write('r', 5n, () => {
-      throw boom;
-    })).rejects.toBe(boom);
+    await expect(
+      fence.write('r', 5n, () => {
+        throw boom;
+      }),
+    ).rejects.toBe(boom);
     expect(await fence.highest('r')).toBeNull();
     await fence.write('r', 1n, () => {});
     expect(await fence.highest('r')).toBe(1n);

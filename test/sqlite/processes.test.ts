@@ -30,7 +30,9 @@ describe('processes contending on SQLite', () => {
   afterAll(() => dir.cleanup());
 
   const spawnWorkers = (count: number, iterations: number) =>
-    Promise.all(Array.from({ length: count }, (_, i) => run(process.execPath, [worker, lockPath, dataPath, String(iterations), String(i)], { timeout: 120_000 })));
+    Promise.all(
+      Array.from({ length: count }, (_, i) => run(process.execPath, [worker, lockPath, dataPath, String(iterations), String(i)], { timeout: 120_000 })),
+    );
 
   it('nothing is lost and accepted tokens never decrease', async () => {
     const results = await spawnWorkers(4, 25);
@@ -56,7 +58,13 @@ describe('processes contending on SQLite', () => {
   });
 });
 
-interface RacedWrite { writeId: string; resource: string; token: string; accepted: boolean; highest?: string }
+interface RacedWrite {
+  writeId: string;
+  resource: string;
+  token: string;
+  accepted: boolean;
+  highest?: string;
+}
 
 /**
  * The check of a fence run without a lease, per resource: accepted tokens never decrease in commit
@@ -74,7 +82,11 @@ function checkRace(writes: RacedWrite[], dataPath: string, fenced: boolean): str
     for (const resource of new Set(writes.map((w) => w.resource))) {
       const mine = writes.filter((w) => w.resource === resource);
       const accepted = mine.filter((w) => w.accepted);
-      const log = db.prepare('SELECT seq, write_id AS id, token FROM log WHERE resource = ? ORDER BY seq').safeIntegers(true).all(resource) as { seq: bigint; id: string; token: bigint }[];
+      const log = db.prepare('SELECT seq, write_id AS id, token FROM log WHERE resource = ? ORDER BY seq').safeIntegers(true).all(resource) as {
+        seq: bigint;
+        id: string;
+        token: bigint;
+      }[];
       const counter = (db.prepare('SELECT n FROM counters WHERE resource = ?').get(resource) as { n: number } | undefined)?.n ?? 0;
       violations.push(
         ...checkCounterHistory({
@@ -96,7 +108,8 @@ function checkRace(writes: RacedWrite[], dataPath: string, fenced: boolean): str
       }
       for (const id of logged) if (!acceptedIds.has(id)) violations.push(`${resource}: the data holds write ${id}, which no one was told was accepted`);
       if (hasMarks) {
-        const mark = (db.prepare('SELECT token FROM leasehold_fences WHERE resource = ?').safeIntegers(true).get(resource) as { token: bigint } | undefined)?.token;
+        const mark = (db.prepare('SELECT token FROM leasehold_fences WHERE resource = ?').safeIntegers(true).get(resource) as { token: bigint } | undefined)
+          ?.token;
         const max = accepted.reduce((m, w) => (BigInt(w.token) > m ? BigInt(w.token) : m), 0n);
         if ((mark ?? 0n) !== max) violations.push(`${resource}: the mark is ${mark} but the highest accepted token is ${max}`);
       }
@@ -145,7 +158,9 @@ describe('processes racing through the SQLite fence without a lease', () => {
     db.exec(`CREATE TABLE counters (resource TEXT PRIMARY KEY, n INTEGER NOT NULL);
              CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, resource TEXT NOT NULL, write_id TEXT NOT NULL, token INTEGER NOT NULL);`);
     db.close();
-    const children = plans().map((plan, id) => spawn(process.execPath, [racer, dataPath, String(id), JSON.stringify(plan), kind], { stdio: ['pipe', 'pipe', 'inherit'] }));
+    const children = plans().map((plan, id) =>
+      spawn(process.execPath, [racer, dataPath, String(id), JSON.stringify(plan), kind], { stdio: ['pipe', 'pipe', 'inherit'] }),
+    );
     const outputs = children.map((child) => {
       let out = '';
       let onReady!: () => void;
@@ -181,6 +196,9 @@ describe('processes racing through the SQLite fence without a lease', () => {
     const { writes, dataPath } = await race('control');
     expect(writes.every((w) => w.accepted)).toBe(true);
     const violations = checkRace(writes, dataPath, false);
-    expect(violations.some((v) => v.includes('token decreased')), violations.join('\n')).toBe(true);
+    expect(
+      violations.some((v) => v.includes('token decreased')),
+      violations.join('\n'),
+    ).toBe(true);
   });
 });

@@ -6,7 +6,13 @@ import type { HistoryEvent } from '../../src/verify/protocol.js';
 import type { FinalState, LogRow } from '../../src/verify/store.js';
 
 /** One operation: acquire at `at`, granted +1, validity until +ttl−drift, write, outcome, release. */
-function op(w: number, n: number, token: number, at: number, o: { ttl?: number; write?: 'accepted' | 'refused' | 'write-failed' | 'none'; release?: number | null; value?: number } = {}): HistoryEvent[] {
+function op(
+  w: number,
+  n: number,
+  token: number,
+  at: number,
+  o: { ttl?: number; write?: 'accepted' | 'refused' | 'write-failed' | 'none'; release?: number | null; value?: number } = {},
+): HistoryEvent[] {
   const ttl = o.ttl ?? 300;
   const id = `w${w}.${n}`;
   const tok = String(token);
@@ -30,7 +36,11 @@ function row(seq: number, w: number, n: number, token: number, value: number): L
   return { seq, token: BigInt(token), w, op: `w${w}.${n}`, value };
 }
 
-function final(rows: LogRow[], counter = rows.at(-1)?.value ?? 0, highest: bigint | null = rows.reduce<bigint | null>((m, r) => (m === null || r.token > m ? r.token : m), null)): FinalState {
+function final(
+  rows: LogRow[],
+  counter = rows.at(-1)?.value ?? 0,
+  highest: bigint | null = rows.reduce<bigint | null>((m, r) => (m === null || r.token > m ? r.token : m), null),
+): FinalState {
   return { counter, log: rows, highest };
 }
 
@@ -63,10 +73,12 @@ describe('verify: the checker', () => {
     expect(r.tokens!.verdict).toBe('fail');
     expect(r.tokens!.violations[0]).toMatch(/write #2 \(w1\.1, w1\) committed token 1 after #1 \(w2\.1, w2\) had committed token 2/);
     expect(r['lost-update']!.verdict).toBe('fail');
-    expect(r['lost-update']!.violations).toEqual(expect.arrayContaining([
-      'the counter is 1 but the log has 2 writes',
-      expect.stringMatching(/^lost update: write #2 \(w1\.1, w1, token 1\) stored 1 right after #1/),
-    ]));
+    expect(r['lost-update']!.violations).toEqual(
+      expect.arrayContaining([
+        'the counter is 1 but the log has 2 writes',
+        expect.stringMatching(/^lost update: write #2 \(w1\.1, w1, token 1\) stored 1 right after #1/),
+      ]),
+    );
   });
 
   it('checks the log against what the workers saw: accepted once, refused never, failed at most once', () => {
@@ -80,11 +92,13 @@ describe('verify: the checker', () => {
     expect(good['lost-update']).toMatchObject({ verdict: 'pass' });
     expect(good['lost-update']!.summary).toContain('+ 1 indeterminate that committed');
     const bad = run(events, final([row(1, 2, 1, 2, 1), row(2, 9, 9, 5, 2)]));
-    expect(bad['lost-update']!.violations).toEqual(expect.arrayContaining([
-      'w1.1 was accepted but is in the log 0 times',
-      'w2.1 was refused but is in the log',
-      'w9.9 is in the log but no worker started that write',
-    ]));
+    expect(bad['lost-update']!.violations).toEqual(
+      expect.arrayContaining([
+        'w1.1 was accepted but is in the log 0 times',
+        'w2.1 was refused but is in the log',
+        'w9.9 is in the log but no worker started that write',
+      ]),
+    );
     expect(run(events, final([row(1, 1, 1, 1, 1)], 1, 7n)).tokens!.violations).toEqual(["the fence's mark is 7 but the highest token written is 1"]);
   });
 
@@ -92,10 +106,12 @@ describe('verify: the checker', () => {
     const events = [...op(1, 1, 5, 0), ...op(2, 1, 5, 70), ...op(3, 1, 4, 140)];
     const r = run(events, final([]), { fenced: false });
     expect(r.grants!.verdict).toBe('fail');
-    expect(r.grants!.violations).toEqual(expect.arrayContaining([
-      expect.stringMatching(/^token 5 granted twice/),
-      expect.stringMatching(/^w3 \(w3\.1\) requested at 0\.140s and got token 4, lower than token 5/),
-    ]));
+    expect(r.grants!.violations).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(/^token 5 granted twice/),
+        expect.stringMatching(/^w3 \(w3\.1\) requested at 0\.140s and got token 4, lower than token 5/),
+      ]),
+    );
   });
 
   describe('I6', () => {

@@ -4,7 +4,7 @@ import { Locks } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
 import { adjustableClock } from '../../src/verify/clock.js';
 
-describe('verify: the workers\' adjustable clock', () => {
+describe("verify: the workers' adjustable clock", () => {
   it('runs at its rate, stays continuous when the rate changes, and re-arms timers at the new rate', () => {
     const base = manualClock(1_000);
     const clock = adjustableClock({ offsetMs: 5_000, rate: 2 }, base);

@@ -45,7 +45,7 @@ describe('leasehold verify on etcd', () => {
     expect(cluster.members[0]!.running).toBe(true);
   }, 200_000);
 
-  it('local:etcd: passes under every nemesis, crash and delay included, with the ttl rounded up to the server\'s minimum', async () => {
+  it("local:etcd: passes under every nemesis, crash and delay included, with the ttl rounded up to the server's minimum", async () => {
     const report = join(sb.dir, 'report');
     const r = await verify(['--url', 'local:etcd', '--duration', '14s', '--ttl', '1s', '--seed', '6', '--report', report], sb, 180_000);
     runs.push(r);

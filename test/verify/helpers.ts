@@ -91,12 +91,18 @@ export function expectPass(run: VerifyRun, sb: Sandbox): void {
 
 export function expectClean(run: VerifyRun, sb: Sandbox): void {
   expect(leftovers(run.marker, sb.dir), 'processes left running').toEqual([]);
-  expect(readdirSync(sb.dir).filter((n) => n.startsWith('leasehold-verify-')), 'temporary directories left').toEqual([]);
+  expect(
+    readdirSync(sb.dir).filter((n) => n.startsWith('leasehold-verify-')),
+    'temporary directories left',
+  ).toEqual([]);
 }
 
 /** Reads a report directory: the history lines, and the SVG checked for well-formedness and lanes. */
 export function readReport(dir: string, workers: number): { header: Record<string, unknown>; events: HistoryEvent[]; tail: Record<string, unknown>[] } {
-  const lines = readFileSync(join(dir, 'history.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const lines = readFileSync(join(dir, 'history.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
   expect(lines[0]!.type).toBe('run');
   const tail = lines.filter((l) => l.type === 'final' || l.type === 'check');
   const events = lines.slice(1).filter((l) => l.type !== 'final' && l.type !== 'check') as unknown as HistoryEvent[];
@@ -109,7 +115,10 @@ export function readReport(dir: string, workers: number): { header: Record<strin
 }
 
 type Of<T extends HistoryEvent['type']> = Extract<HistoryEvent, { type: T }>;
-const is = <T extends HistoryEvent['type']>(type: T) => (e: HistoryEvent): e is Of<T> => e.type === type;
+const is =
+  <T extends HistoryEvent['type']>(type: T) =>
+  (e: HistoryEvent): e is Of<T> =>
+    e.type === type;
 
 /** The harness stamps `resume` right after sending SIGCONT; on 2 cores the worker can run (and stamp) first. */
 const RESUME_STAMP_SLACK_MS = 50;
@@ -127,7 +136,10 @@ export function faultEffects(events: readonly HistoryEvent[]): { delayedRefused:
   const lostAfterResume: string[] = [];
   for (const [i, e] of events.entries()) {
     if (e.type === 'delay') {
-      const end = events.slice(i).filter(is('delay-end')).find((x) => x.w === e.w);
+      const end = events
+        .slice(i)
+        .filter(is('delay-end'))
+        .find((x) => x.w === e.w);
       if (!end) continue;
       for (const write of events.filter(is('write'))) {
         if (write.w !== e.w || write.t < e.t || write.t > end.t) continue;
@@ -135,14 +147,30 @@ export function faultEffects(events: readonly HistoryEvent[]): { delayedRefused:
       }
     }
     if (e.type === 'pause') {
-      const resume = events.slice(i).filter(is('resume')).find((x) => x.w === e.w);
+      const resume = events
+        .slice(i)
+        .filter(is('resume'))
+        .find((x) => x.w === e.w);
       if (!resume) continue;
-      const lost = events.filter(is('lost')).find((x) => x.w === e.w && !x.running && x.due !== null && x.due >= e.t && x.due <= resume.t
-        && x.t >= resume.t - RESUME_STAMP_SLACK_MS && x.t <= resume.t + RESUME_BOUND_MS);
+      const lost = events
+        .filter(is('lost'))
+        .find(
+          (x) =>
+            x.w === e.w &&
+            !x.running &&
+            x.due !== null &&
+            x.due >= e.t &&
+            x.due <= resume.t &&
+            x.t >= resume.t - RESUME_STAMP_SLACK_MS &&
+            x.t <= resume.t + RESUME_BOUND_MS,
+        );
       if (lost) lostAfterResume.push(`w${lost.w} token ${lost.token}`);
     }
   }
-  const skewed = events.filter(is('clock')).filter((e) => e.rate !== 1).map((e) => e.w);
+  const skewed = events
+    .filter(is('clock'))
+    .filter((e) => e.rate !== 1)
+    .map((e) => e.w);
   return { delayedRefused, lostAfterResume, skewed };
 }
 
@@ -164,9 +192,16 @@ export function i6Summary(tail: Record<string, unknown>[]): string {
  *   another worker takes the key at about 1 ttl, and the frozen one learns it only after SIGCONT.
  */
 export function forcedEffects(faults: readonly PlannedFault[], ttlMs: number): { delay: boolean; pause: boolean } {
-  const near = (kind: string, from: number, to: number): boolean => faults.some((f) => f.kind === kind && f.at < to && f.at + (kind === 'crash' ? f.durationMs + ttlMs : 0) > from);
+  const near = (kind: string, from: number, to: number): boolean =>
+    faults.some((f) => f.kind === kind && f.at < to && f.at + (kind === 'crash' ? f.durationMs + ttlMs : 0) > from);
   return {
-    delay: faults.some((d) => d.kind === 'delay' && d.durationMs >= 1.8 * ttlMs && !near('crash', d.at - ttlMs, d.at + d.durationMs + ttlMs) && !near('pause', d.at - 3 * ttlMs, d.at + 1.3 * ttlMs)),
+    delay: faults.some(
+      (d) =>
+        d.kind === 'delay' &&
+        d.durationMs >= 1.8 * ttlMs &&
+        !near('crash', d.at - ttlMs, d.at + d.durationMs + ttlMs) &&
+        !near('pause', d.at - 3 * ttlMs, d.at + 1.3 * ttlMs),
+    ),
     pause: faults.some((p) => p.kind === 'pause' && !near('crash', p.at - ttlMs, p.at + p.durationMs + ttlMs)),
   };
 }

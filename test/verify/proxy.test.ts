@@ -22,10 +22,13 @@ async function recorder(): Promise<{ port: number; received: () => string }> {
     s.on('error', () => {});
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  closers.push(() => new Promise<void>((r) => {
-    for (const s of sockets) s.destroy();
-    server.close(() => r());
-  }));
+  closers.push(
+    () =>
+      new Promise<void>((r) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => r());
+      }),
+  );
   return { port: (server.address() as net.AddressInfo).port, received: () => received };
 }
 
@@ -76,7 +79,10 @@ describe('verify: the delaying TCP proxy', () => {
     expect(tcpEndpoints('postgres://u@h/db?schema=s')).toEqual([{ host: 'h', port: 5432 }]);
     expect(viaPorts('postgres://u@h/db?schema=s', [5])).toBe('postgres://u@127.0.0.1:5/db?schema=s');
     expect(tcpEndpoints('postgresql://root@/test?host=/var/run/postgresql')).toEqual([]);
-    expect(tcpEndpoints('etcd://a:1,b:2')).toEqual([{ host: 'a', port: 1 }, { host: 'b', port: 2 }]);
+    expect(tcpEndpoints('etcd://a:1,b:2')).toEqual([
+      { host: 'a', port: 1 },
+      { host: 'b', port: 2 },
+    ]);
     expect(viaPorts('etcd://a:1,b:2', [7, 8])).toBe('etcd://127.0.0.1:7,127.0.0.1:8');
     expect(tcpEndpoints('sqlite:/tmp/x.db')).toEqual([]);
     expect(tcpEndpoints('rediss://h:6379')).toEqual([]);

@@ -8,7 +8,19 @@ import { killAll, requireBuild, sandbox, startCli, type Sandbox } from '../cli/h
 import { freePort } from '../../src/verify/local.js';
 import { REDIS_URL } from '../redis/servers.js';
 import { NEMESES, planSchedule } from '../../src/verify/schedule.js';
-import { expectClean, expectPass, faultCount, faultEffects, forcedEffects, i6Summary, killLeftovers, leftovers, readReport, verify, type VerifyRun } from './helpers.js';
+import {
+  expectClean,
+  expectPass,
+  faultCount,
+  faultEffects,
+  forcedEffects,
+  i6Summary,
+  killLeftovers,
+  leftovers,
+  readReport,
+  verify,
+  type VerifyRun,
+} from './helpers.js';
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -76,7 +88,7 @@ describe('leasehold verify on Redis', () => {
     expect(effects.skewed.length, 'a worker ran on a skewed clock').toBeGreaterThanOrEqual(1);
   }, 120_000);
 
-  it('the control run on local:redis (the README\'s example, shorter) exits 1: lost updates, named', async () => {
+  it("the control run on local:redis (the README's example, shorter) exits 1: lost updates, named", async () => {
     const r = await verify(['--url', 'local:redis', '--seed', '42', '--no-fence', '--duration', '5s', '--ttl', '400ms'], sb);
     runs.push(r);
     expect(r.code, r.stdout).toBe(1);

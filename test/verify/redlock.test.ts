@@ -49,7 +49,10 @@ describe('leasehold verify on Redlock', () => {
     const r = await verify(['--url', 'local:redlock', '--duration', '5s', '--ttl', '400ms', '--seed', '2', '--report', report], sb);
     runs.push(r);
     expectPass(r, sb);
-    const header = /coordinator {2}local:redlock \(Redlock over redis-server :(\d+), redis-server :(\d+), redis-server :(\d+), started by verify; no persistence\)/.exec(r.stdout);
+    const header =
+      /coordinator {2}local:redlock \(Redlock over redis-server :(\d+), redis-server :(\d+), redis-server :(\d+), started by verify; no persistence\)/.exec(
+        r.stdout,
+      );
     expect(header, r.stdout).not.toBeNull();
     const ports = header!.slice(1, 4);
     for (const kind of ['pause', 'delay', 'crash', 'clock'] as const) expect(faultCount(r, kind), kind).toBeGreaterThanOrEqual(1);

@@ -25,7 +25,20 @@ afterEach(() => {
 
 const SEED = 20_261_129;
 const TTL = 400;
-const common = (db: string): string[] => ['--url', `sqlite:${db}`, '--workers', '3', '--duration', '5s', '--ttl', `${TTL}ms`, '--seed', String(SEED), '--nemesis', 'pause,clock'];
+const common = (db: string): string[] => [
+  '--url',
+  `sqlite:${db}`,
+  '--workers',
+  '3',
+  '--duration',
+  '5s',
+  '--ttl',
+  `${TTL}ms`,
+  '--seed',
+  String(SEED),
+  '--nemesis',
+  'pause,clock',
+];
 
 describe('leasehold verify on SQLite', () => {
   it('the schedule of the seed used here has pauses (the control run needs them)', () => {
@@ -47,10 +60,18 @@ describe('leasehold verify on SQLite', () => {
     const { header, events, tail } = readReport(report, 3);
     expect(header).toMatchObject({ seed: SEED, fenced: true, fence: 'sqlite', workers: 3 });
     for (const type of ['start', 'granted', 'validity', 'write', 'accepted', 'release', 'pause', 'resume', 'clock', 'clock-set', 'stop', 'finished']) {
-      expect(events.some((e) => e.type === type), `an event of type ${type}`).toBe(true);
+      expect(
+        events.some((e) => e.type === type),
+        `an event of type ${type}`,
+      ).toBe(true);
     }
     for (let i = 1; i < events.length; i++) expect(events[i]!.t).toBeGreaterThanOrEqual(events[i - 1]!.t);
-    expect(tail.filter((l) => l.type === 'check').map((l) => [l.id, l.verdict])).toEqual([['grants', 'pass'], ['tokens', 'pass'], ['lost-update', 'pass'], ['i6', 'pass']]);
+    expect(tail.filter((l) => l.type === 'check').map((l) => [l.id, l.verdict])).toEqual([
+      ['grants', 'pass'],
+      ['tokens', 'pass'],
+      ['lost-update', 'pass'],
+      ['i6', 'pass'],
+    ]);
     const final = tail.find((l) => l.type === 'final') as { counter: number; log: unknown[] };
     expect(final.counter).toBe(events.filter((e) => e.type === 'accepted').length);
     expect(final.log).toHaveLength(final.counter);
@@ -80,7 +101,9 @@ describe('leasehold verify on SQLite', () => {
     expect(r.code, r.stdout).toBe(1);
     expect(r.stdout).toContain(`${MUTANT_ENV}=overstated-ttl: the workers overstate their leases' ttl (×2), a test-only mutant: the I6 check must fail`);
     expect(r.verdicts, r.stdout).toEqual({ grants: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'FAIL' });
-    expect(r.stdout).toMatch(/^ {6}- w\d's lease \(token \d+\) was valid locally until \d+\.\d{3}s, but w\d was granted token \d+ at \d+\.\d{3}s: two holders at once$/m);
+    expect(r.stdout).toMatch(
+      /^ {6}- w\d's lease \(token \d+\) was valid locally until \d+\.\d{3}s, but w\d was granted token \d+ at \d+\.\d{3}s: two holders at once$/m,
+    );
     expect(r.stdout).toMatch(/^verdict: FAIL \(i6\)$/m);
     expectClean(r, sb);
   }, 120_000);
@@ -89,7 +112,9 @@ describe('leasehold verify on SQLite', () => {
     const r = await verify(['--url', 'local:sqlite', '--workers', '2', '--duration', '1.5s', '--ttl', '300ms', '--nemesis', 'delay,crash'], sb);
     runs.push(r);
     expectPass(r, sb);
-    expect(r.stdout).toMatch(/^ {2}nemesis {6}delay n\/a \(no TCP service: the coordinator and the resource are SQLite files\); crash n\/a \(SQLite has no server to crash\)$/m);
+    expect(r.stdout).toMatch(
+      /^ {2}nemesis {6}delay n\/a \(no TCP service: the coordinator and the resource are SQLite files\); crash n\/a \(SQLite has no server to crash\)$/m,
+    );
     expect(r.faults).toMatch(/delay n\/a .*crash n\/a/);
     const none = await verify(['--url', 'local:sqlite', '--workers', '1', '--duration', '1s', '--ttl', '300ms', '--nemesis', 'none'], sb);
     runs.push(none);

@@ -187,11 +187,17 @@ export function ioredisConn(client: IoredisLike, owned: boolean, select?: { db: 
       }) as never);
       sub.on('ready', () => {
         if (!own || !subscribed) isReady = true;
-        else sub.subscribe(channel).then(() => (isReady = true), () => {});
+        else
+          sub.subscribe(channel).then(
+            () => (isReady = true),
+            () => {},
+          );
       });
       sub.on('close', () => (isReady = false));
       try {
-        const opening = (sub.status === 'ready' ? Promise.resolve() : firstReady(sub, () => subError, 'subscriber connection')).then(() => sub.subscribe(channel));
+        const opening = (sub.status === 'ready' ? Promise.resolve() : firstReady(sub, () => subError, 'subscriber connection')).then(() =>
+          sub.subscribe(channel),
+        );
         await within(opening, timeoutMs, signal, 'subscribe');
         subscribed = true;
         isReady = true;

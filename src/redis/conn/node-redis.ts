@@ -41,7 +41,9 @@ export function nodeRedisConn(client: NodeRedisLike, owned: boolean): Conn {
       try {
         await within(
           sub.connect().then(() => sub.subscribe(channel, (message) => onMessage(message))),
-          timeoutMs, signal, 'subscribe',
+          timeoutMs,
+          signal,
+          'subscribe',
         );
       } catch (error) {
         try {

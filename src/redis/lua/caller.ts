@@ -47,7 +47,8 @@ export class LibraryCaller {
     try {
       if (!this.#functions) throw error;
       const code = replyCode(error);
-      if (code === 'NOPERM') this.#functions = false; // FCALL itself refused by an ACL: scripts may be allowed
+      if (code === 'NOPERM')
+        this.#functions = false; // FCALL itself refused by an ACL: scripts may be allowed
       else if (code === 'ERR') await (this.#loading ??= this.#load().finally(() => (this.#loading = undefined)));
       else throw error;
       return await this.send(name, keys, args);

@@ -80,9 +80,18 @@ export class LuaRunner {
   ): Promise<R> {
     return new Promise<R>((resolve, reject) => {
       const pending: Pending = {
-        at: 0, what: op.what, reject, live: true, prev: undefined, next: undefined,
-        name: op.name, keys: call.keys, args: call.args, resolve: resolve as (value: unknown) => void,
-        onLate: call.onLate as ((value: unknown) => void) | undefined, map: call.map as ((value: unknown) => unknown) | undefined,
+        at: 0,
+        what: op.what,
+        reject,
+        live: true,
+        prev: undefined,
+        next: undefined,
+        name: op.name,
+        keys: call.keys,
+        args: call.args,
+        resolve: resolve as (value: unknown) => void,
+        onLate: call.onLate as ((value: unknown) => void) | undefined,
+        map: call.map as ((value: unknown) => unknown) | undefined,
       };
       this.#deadlines.watch(pending);
       if (!this.#batching || (this.#inFlight < BATCH_SIZE && this.#queue.length === 0)) {

@@ -7,9 +7,7 @@ import { wakeIdOf } from './queue.js';
 import { release } from './release.js';
 
 /** ARGV of acquire: the first seven always; the last two only when the caller will wait (it is then enqueued). */
-type AcquireArgs =
-  | readonly [...AcquireBase]
-  | readonly [...AcquireBase, queueTtl: string, channel: string];
+type AcquireArgs = readonly [...AcquireBase] | readonly [...AcquireBase, queueTtl: string, channel: string];
 type AcquireBase = [owner: string, mode: 'e' | 's', ttl: string, lockDelay: string, label: string, session: string, retain: string];
 
 /** The token (granted) | busy: the label of a holder ('' if none) and when the key could free by expiry ('' if unknown) | L: the session is gone. */
@@ -34,7 +32,10 @@ type AcquireReply = string | readonly ['B', string, string] | readonly ['L'];
  * state, one HSET of counter, state and holder, and one TTL command (PERSIST when the key existed,
  * for a session-bound holder; PEXPIREAT otherwise); no HGETALL, no queue, no record parsing.
  */
-export const ACQUIRE = luaOp<readonly [lock: string] | readonly [lock: string, session: string], AcquireArgs, AcquireReply>('acquire', 'acquire', `
+export const ACQUIRE = luaOp<readonly [lock: string] | readonly [lock: string, session: string], AcquireArgs, AcquireReply>(
+  'acquire',
+  'acquire',
+  `
 local lk, sk = KEYS[1], KEYS[2]
 local owner, mode, ses = ARGV[1], ARGV[2], ARGV[6]
 local now, now_us, now_us_s = clock_us()
@@ -122,7 +123,8 @@ end
 local first = live[1]
 local retry = ''
 if soonest >= 0 then retry = num(soonest - now) end
-return {'B', first and first.label or '', retry}`);
+return {'B', first and first.label or '', retry}`,
+);
 
 /**
  * One acquire. `wakes`: this client's wake-up hub when a queued caller can be told on its channel

@@ -8,7 +8,10 @@ import type { OpContext } from './context.js';
  *
  * KEYS: lock. ARGV: owner, retain (ms). Reply: 1 if a place or a handed grant was removed, else 0.
  */
-export const CANCEL = luaOp<[lock: string], [owner: string, retain: string], 0 | 1>('cancel', 'cancel wait', `
+export const CANCEL = luaOp<[lock: string], [owner: string, retain: string], 0 | 1>(
+  'cancel',
+  'cancel wait',
+  `
 local lk = KEYS[1]
 local owner, retain = ARGV[1], tonumber(ARGV[2])
 local qk, wk, sp = other_keys(lk)
@@ -24,7 +27,8 @@ local live, d, f = purge(lk, sp, now)
 local queue_empty = hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
 store_state(lk, f, state(live, not queue_empty, d > now))
 gc(lk, qk, wk, live, d, now, retain, queue_empty)
-return 1`);
+return 1`,
+);
 
 /** Gives up `owner`'s place in the queue of `key` (and a hand-off it did not take); idempotent. */
 export async function cancelWait(ctx: OpContext, wakes: WakeHub, { key, owner }: { key: string; owner: string }): Promise<void> {

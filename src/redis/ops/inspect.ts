@@ -15,7 +15,10 @@ type InspectReply = readonly [lastToken: string, lockDelayRemaining: string, wai
  * KEYS: lock. ARGV: retain (ms). Reply: {lastToken, lockDelayRemaining, waiters, then mode, token,
  * expiresIn, label per holder}.
  */
-export const INSPECT = luaOp<[lock: string], [retain: string], InspectReply>('inspect', 'inspect', `
+export const INSPECT = luaOp<[lock: string], [retain: string], InspectReply>(
+  'inspect',
+  'inspect',
+  `
 local lk = KEYS[1]
 local qk, wk, sp = other_keys(lk)
 local now = clock()
@@ -38,7 +41,8 @@ for _, h in ipairs(live) do
   out[#out + 1] = num(h.exp - now)
   out[#out + 1] = h.label
 end
-return out`);
+return out`,
+);
 
 /** Locks looked at per round (their scripts run concurrently, and batched). */
 const INSPECT_BATCH = 100;

@@ -14,6 +14,8 @@ import { SESSION_CLOSE, SESSION_KEEPALIVE, SESSION_OPEN } from './sessions.js';
  * script each (see {@link LuaLibrary}). Each operation's script, KEYS, ARGV and reply are in its own
  * module here; the helpers they share are the prelude (the shared Lua, the lock hash, the queue).
  */
-export const REDIS_LIBRARY = new LuaLibrary('leasehold', [LUA_PRELUDE, LOCK_HELPERS, QUEUE_HELPERS], [
-  ACQUIRE, RELEASE, RENEW, CANCEL, INSPECT, SESSION_OPEN, SESSION_KEEPALIVE, SESSION_CLOSE,
-]);
+export const REDIS_LIBRARY = new LuaLibrary(
+  'leasehold',
+  [LUA_PRELUDE, LOCK_HELPERS, QUEUE_HELPERS],
+  [ACQUIRE, RELEASE, RENEW, CANCEL, INSPECT, SESSION_OPEN, SESSION_KEEPALIVE, SESSION_CLOSE],
+);

@@ -16,7 +16,10 @@ import type { OpContext } from './context.js';
  * key lives `retain` for its counter; a holder of its own already set a later expiry at its grant
  * or last renewal).
  */
-export const RELEASE = luaOp<[lock: string], [owner: string, token: string, retain: string], 0 | 1>('release', 'release', `
+export const RELEASE = luaOp<[lock: string], [owner: string, token: string, retain: string], 0 | 1>(
+  'release',
+  'release',
+  `
 local lk = KEYS[1]
 local owner, token = ARGV[1], ARGV[2]
 local hf = 'h:' .. owner
@@ -60,7 +63,8 @@ if queued_hint(f) then
   store_state(lk, f, state(live, not queue_empty, d > now))
 end
 gc(lk, qk, wk, live, d, now, tonumber(ARGV[3]), queue_empty)
-return released`);
+return released`,
+);
 
 /** Releases; idempotent (a lease already gone resolves the same). */
 export function release(ctx: OpContext, req: ReleaseRequest): Promise<void> {

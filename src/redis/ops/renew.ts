@@ -9,7 +9,10 @@ import type { OpContext } from './context.js';
  *
  * KEYS: lock. ARGV: owner, token, ttl (ms), retain (ms). Reply: 1 if renewed, 0 if not held (any more).
  */
-export const RENEW = luaOp<[lock: string], [owner: string, token: string, ttl: string, retain: string], 0 | 1>('renew', 'renew', `
+export const RENEW = luaOp<[lock: string], [owner: string, token: string, ttl: string, retain: string], 0 | 1>(
+  'renew',
+  'renew',
+  `
 local lk = KEYS[1]
 local owner, token, ttl, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local qk, wk, sp = other_keys(lk)
@@ -34,7 +37,8 @@ if queued_hint({ s = top[2] or nil }) then
   extend_at(qk, h.exp + h.ld + retain, now)
   extend_at(wk, h.exp + h.ld + retain, now)
 end
-return 1`);
+return 1`,
+);
 
 export async function renew(ctx: OpContext, req: RenewRequest): Promise<RenewResult> {
   const r = await ctx.runner.run(RENEW, { keys: [ctx.lockKey(req.key)], args: [req.owner, req.token.toString(), String(req.ttlMs), ctx.retain] });

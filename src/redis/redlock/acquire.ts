@@ -15,7 +15,9 @@ export const NODE_ACQUIRE = new LuaScript<
   LockKeys,
   readonly [owner: string, mode: 'e' | 's', ttl: string, lockDelay: string, label: string, retain: string, contenderTtl: string],
   readonly ['G', counter: string, timeUs: string] | readonly ['B', label: string, retryInMs: string, counter: string]
->('redlock-acquire', `${LUA_PRELUDE}${NODE_HELPERS}
+>(
+  'redlock-acquire',
+  `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local owner, mode, ttl, ld, label = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local retain, cttl = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -53,4 +55,5 @@ local first = live[1]
 local retry = ''
 if soonest >= 0 then retry = num(soonest - now) end
 return {'B', first and first.label or '', retry, t}
-`);
+`,
+);

@@ -1,6 +1,4 @@
-import type {
-  AcquireRequest, AcquireResult, Backend, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult,
-} from '../../core/backend.js';
+import type { AcquireRequest, AcquireResult, Backend, HolderState, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../../core/backend.js';
 import { driftMarginMs } from '../../core/clock.js';
 import { BackendUnavailableError, InvalidArgumentError, type LeaseholdError } from '../../core/errors.js';
 import { DEFAULTS } from '../../core/options.js';
@@ -58,7 +56,9 @@ export const REDLOCK_DEFAULTS = Object.freeze({
   commitAttempts: 3,
 });
 
-type Outcome<T> = { readonly node: number; readonly ok: true; readonly value: T } | { readonly node: number; readonly ok: false; readonly error: LeaseholdError };
+type Outcome<T> =
+  | { readonly node: number; readonly ok: true; readonly value: T }
+  | { readonly node: number; readonly ok: false; readonly error: LeaseholdError };
 
 /**
  * Calls every server at once and resolves as soon as `enough` says the outcomes so far decide the
@@ -120,7 +120,8 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     throw new InvalidArgumentError(listName, `expected an array of 1 to 15 independent servers (3 or 5 recommended), got ${describe(list)}`);
   }
   const prefix = o.prefix === undefined ? REDLOCK_DEFAULTS.prefix : checkKeyPrefix(o.prefix, 'options.prefix');
-  const commandTimeoutMs = o.commandTimeoutMs === undefined ? REDLOCK_DEFAULTS.commandTimeoutMs : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, MAX_DURATION_MS);
+  const commandTimeoutMs =
+    o.commandTimeoutMs === undefined ? REDLOCK_DEFAULTS.commandTimeoutMs : checkInteger(o.commandTimeoutMs, 'options.commandTimeoutMs', 1, MAX_DURATION_MS);
   const retain = String(o.retainMs === undefined ? REDLOCK_DEFAULTS.retainMs : checkInteger(o.retainMs, 'options.retainMs', 60_000, MAX_DURATION_MS));
   const nodes: Conn[] = [];
   try {
@@ -145,14 +146,22 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
   const releaseAll = async (req: ReleaseRequest): Promise<number> => {
     const keys = keysOf(req.key);
     // Sent to every server; answered once a majority has (a hung server is not waited for).
-    const outcomes = await gather(n, (i) => on(i, 'release', NODE_RELEASE, keys, [req.owner, req.token.toString(), retain]), (xs) => xs.filter((x) => x.ok).length >= quorum);
+    const outcomes = await gather(
+      n,
+      (i) => on(i, 'release', NODE_RELEASE, keys, [req.owner, req.token.toString(), retain]),
+      (xs) => xs.filter((x) => x.ok).length >= quorum,
+    );
     return outcomes.filter((x) => x.ok).length;
   };
 
   const unavailable = (what: string, outcomes: readonly Outcome<unknown>[]): BackendUnavailableError => {
     const failures = outcomes.filter((x): x is Extract<Outcome<unknown>, { ok: false }> => !x.ok);
     const first = failures[0]?.error;
-    return new BackendUnavailableError('redlock', `${what}: ${failures.length} of ${n} servers failed, a majority of ${quorum} is out of reach${first ? ` (${first.message})` : ''}`, first ? { cause: first } : undefined);
+    return new BackendUnavailableError(
+      'redlock',
+      `${what}: ${failures.length} of ${n} servers failed, a majority of ${quorum} is out of reach${first ? ` (${first.message})` : ''}`,
+      first ? { cause: first } : undefined,
+    );
   };
 
   return {
@@ -165,7 +174,16 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       const mode = req.mode === 'shared' ? 's' : 'e';
       const first = await gather(
         n,
-        (i) => on(i, 'acquire', NODE_ACQUIRE, keys, [req.owner, mode, String(req.ttlMs), String(req.lockDelayMs), req.holder, retain, String(REDLOCK_DEFAULTS.contenderTtlMs)]),
+        (i) =>
+          on(i, 'acquire', NODE_ACQUIRE, keys, [
+            req.owner,
+            mode,
+            String(req.ttlMs),
+            String(req.lockDelayMs),
+            req.holder,
+            retain,
+            String(REDLOCK_DEFAULTS.contenderTtlMs),
+          ]),
         (outs) => {
           const granted = outs.filter((x) => x.ok && x.value[0] === 'G').length;
           return granted >= quorum || outs.length - granted > n - quorum;
@@ -237,12 +255,24 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       const keys = keysOf(req.key);
       // The grant's lock-delay and label (core sends them with every renewal): a server that lost the
       // holder (restarted empty) records it again exactly as granted.
-      const args = [req.owner, req.token.toString(), String(req.ttlMs), req.mode === 'shared' ? 's' : 'e', String(req.lockDelayMs ?? 0), req.holder ?? '', retain] as const;
-      const outs = await gather(n, (i) => on(i, 'renew', NODE_RENEW, keys, args), (xs) => {
-        const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
-        const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
-        return ok >= quorum || no > n - quorum;
-      });
+      const args = [
+        req.owner,
+        req.token.toString(),
+        String(req.ttlMs),
+        req.mode === 'shared' ? 's' : 'e',
+        String(req.lockDelayMs ?? 0),
+        req.holder ?? '',
+        retain,
+      ] as const;
+      const outs = await gather(
+        n,
+        (i) => on(i, 'renew', NODE_RENEW, keys, args),
+        (xs) => {
+          const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
+          const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
+          return ok >= quorum || no > n - quorum;
+        },
+      );
       const ok = outs.filter((x) => x.ok && int(x.value) === 1).length;
       if (ok >= quorum) return { renewed: true, ttlMs: req.ttlMs };
       const refused = outs.filter((x) => x.ok && int(x.value) !== 1).length;
@@ -252,7 +282,8 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
 
     async release(req: ReleaseRequest): Promise<void> {
       const answered = await releaseAll(req);
-      if (answered < quorum) throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
+      if (answered < quorum)
+        throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
     },
 
     /** Keys that a majority of servers agrees have a holder, a contender or a lock-delay. Unsorted (core sorts). */
@@ -266,7 +297,10 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
             for (const target of node.scanTargets()) {
               let cursor = '0';
               do {
-                const [next, found] = (await deadlines.bound(target.command(['SCAN', cursor, 'MATCH', pattern, 'COUNT', '1000']), 'scan')) as [string, string[]];
+                const [next, found] = (await deadlines.bound(target.command(['SCAN', cursor, 'MATCH', pattern, 'COUNT', '1000']), 'scan')) as [
+                  string,
+                  string[],
+                ];
                 cursor = String(next);
                 for (const k of found) if (k.endsWith('}')) metas.add(k);
               } while (cursor !== '0');
@@ -280,7 +314,11 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       if (reachable < quorum) throw new BackendUnavailableError('redlock', `inspect reached ${reachable} of ${n} servers; a majority of ${quorum} is needed`);
       const out: KeyState[] = [];
       for (const meta of [...metas]) {
-        const views = await gather(n, (i) => on(i, 'inspect', NODE_INSPECT, lockKeys(meta), []), () => false);
+        const views = await gather(
+          n,
+          (i) => on(i, 'inspect', NODE_INSPECT, lockKeys(meta), []),
+          () => false,
+        );
         const ok = views.flatMap((x) => (x.ok ? [x.value] : []));
         if (ok.length < quorum) continue;
         // A value holds for the key when a majority agrees: the quorum-th largest of the servers' values.

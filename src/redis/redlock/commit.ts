@@ -10,11 +10,9 @@ import { NODE_HELPERS, type LockKeys } from './helpers.js';
  * KEYS: meta, holders (contenders: unused). ARGV: owner, proposal, retain (ms).
  * Reply: {1} (accepted) | {0, counter} (refused: the counter is at or above the proposal).
  */
-export const NODE_COMMIT = new LuaScript<
-  LockKeys,
-  readonly [owner: string, proposal: string, retain: string],
-  readonly [1] | readonly [0, counter: string]
->('redlock-commit', `${LUA_PRELUDE}${NODE_HELPERS}
+export const NODE_COMMIT = new LuaScript<LockKeys, readonly [owner: string, proposal: string, retain: string], readonly [1] | readonly [0, counter: string]>(
+  'redlock-commit',
+  `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk = KEYS[1], KEYS[2]
 local owner, p, retain = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local c = redis.call('HGET', mk, 't') or '0'
@@ -32,4 +30,5 @@ if v then
   end
 end
 return {1}
-`);
+`,
+);

@@ -12,7 +12,9 @@ export const NODE_INSPECT = new LuaScript<
   LockKeys,
   readonly [],
   readonly [counter: string, lockDelayRemaining: string, contenders: number, ...holders: string[]]
->('redlock-inspect', `${LUA_PRELUDE}${NODE_HELPERS}
+>(
+  'redlock-inspect',
+  `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local now = clock()
 local meta = redis.call('HMGET', mk, 't', 'd')
@@ -29,4 +31,5 @@ for _, h in ipairs(live) do
   out[#out + 1] = h.label
 end
 return out
-`);
+`,
+);

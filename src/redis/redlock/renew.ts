@@ -13,7 +13,9 @@ export const NODE_RENEW = new LuaScript<
   LockKeys,
   readonly [owner: string, token: string, ttl: string, mode: 'e' | 's', lockDelay: string, label: string, retain: string],
   0 | 1
->('redlock-renew', `${LUA_PRELUDE}${NODE_HELPERS}
+>(
+  'redlock-renew',
+  `${LUA_PRELUDE}${NODE_HELPERS}
 local mk, hk, ck = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, ttl, mode, ld, label, retain = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 local now = clock()
@@ -39,4 +41,5 @@ if tonumber(meta[1] or '0') < tonumber(token) then redis.call('HSET', mk, 't', t
 live[#live + 1] = h
 gc(mk, hk, ck, live, d, now, retain)
 return 1
-`);
+`,
+);
