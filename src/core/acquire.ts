@@ -3,7 +3,8 @@ import { fullJitter, pause } from './backoff.js';
 import type { Clock } from './clock.js';
 import { AcquireTimeoutError, type LeaseholdError } from './errors.js';
 import type { AcquireFailure, LockEvents, TypedEmitter } from './events.js';
-import { CallTimeoutError, type LeaseImpl, toLeaseholdError, withTimeout } from './lease.js';
+import { CallTimeoutError, toLeaseholdError, withTimeout } from './call.js';
+import type { LeaseImpl } from './lease.js';
 import { WAITING, type ResolvedAcquire } from './options.js';
 import type { Session, SessionPool } from './sessions.js';
 
@@ -171,7 +172,7 @@ export class Acquisition {
       if (this.#useSession) {
         const pool = this.#ctx.sessions!;
         // The session is shared and stays open for the next acquire; this call waits for it only as long as its wait lasts.
-        session = pool.current(this.#ttlMs) ?? (await withTimeout(pool.get(this.#ttlMs), clock, limit.ms, 'session open'));
+        session = pool.current(this.#ttlMs) ?? (await withTimeout(pool.get(this.#ttlMs), { clock, ms: limit.ms, what: 'session open', backend: backend.name }));
       }
       if (session !== this.#held) {
         if (this.#held) this.#ctx.sessions!.unhold(this.#held);
@@ -191,23 +192,23 @@ export class Acquisition {
         session: session?.id,
       });
       if (this.#queue) this.#queueSent = true;
-      result = await withTimeout(
-        call,
+      result = await withTimeout(call, {
         clock,
-        limit.ms,
-        'acquire',
-        (answer) => {
+        ms: limit.ms,
+        what: 'acquire',
+        backend: backend.name,
+        onLate: (answer) => {
           if (this.#settled) this.#afterSettled(answer);
           else if (answer.granted) this.#late.push(answer.token);
         },
-        () => {
+        onLateError: () => {
           if (this.#settled) this.#afterSettled(undefined);
         },
-      );
+      });
       if (this.#queue) this.#queued = true;
       this.#lastError = undefined;
     } catch (error) {
-      const err = toLeaseholdError(error);
+      const err = toLeaseholdError(error, backend.name);
       if (!err.retryable) this.#giveUp(err);
       if (limit.byWait && err instanceof CallTimeoutError) {
         // No answer before the wait ran out: the wait is over, and says so.
@@ -221,7 +222,7 @@ export class Acquisition {
       if (session?.keeper.lost || this.#ctx.closing.aborted) {
         // The session died (or we were closed) while the grant was on the wire: hand it back and try again.
         const release = backend.release({ key: this.#key, owner: this.#owner, token: result.token, mode: o.mode });
-        await withTimeout(release, clock, this.#ctx.operationTimeoutMs, 'release').catch(() => {});
+        await withTimeout(release, { clock, ms: this.#ctx.operationTimeoutMs, what: 'release', backend: backend.name }).catch(() => {});
         if (this.#ctx.closing.aborted) this.#giveUp(this.#ctx.closing.reason);
         return 'again';
       }
@@ -270,10 +271,7 @@ export class Acquisition {
           },
           this.#lastBusy?.cursor,
         ),
-        clock,
-        Math.max(1, Math.min(this.#ctx.operationTimeoutMs, remaining)),
-        'subscribe',
-        (late) => late(),
+        { clock, ms: Math.max(1, Math.min(this.#ctx.operationTimeoutMs, remaining)), what: 'subscribe', backend: backend.name, onLate: (late) => late() },
       );
       // Without a cursor, a release before the subscription was active would be missed: re-check at once.
       return this.#lastBusy?.cursor === undefined;

@@ -1,5 +1,6 @@
 import type { Clock, TimerHandle } from './clock.js';
-import { BackendUnavailableError, LeaseholdError, LeaseLostError, type LossReason } from './errors.js';
+import { withTimeout, toLeaseholdError } from './call.js';
+import { LeaseLostError, type LossReason } from './errors.js';
 import type { LockEvents, TypedEmitter } from './events.js';
 import { formatSequencer } from './token.js';
 import type { LockMode } from './validate.js';
@@ -49,6 +50,8 @@ export interface LeaseContext {
   forget(lease: LeaseImpl): void;
   /** Upper bound of a single coordinator call. */
   readonly operationTimeoutMs: number;
+  /** The backend's `name` (for errors), once known. */
+  backendName(): string;
 }
 
 export type RenewOutcome = { renewed: true; ttlMs: number } | { renewed: false };
@@ -169,10 +172,11 @@ export class Keeper {
     }
     let outcome: RenewOutcome;
     try {
-      outcome = await withTimeout(this.renewOnce(this.ttlMs), clock, Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validEnd - sentAt)), 'renew');
+      const ms = Math.max(1, Math.min(this.ctx.operationTimeoutMs, this.validEnd - sentAt));
+      outcome = await withTimeout(this.renewOnce(this.ttlMs), { clock, ms, what: 'renew', backend: this.ctx.backendName() });
     } catch (error) {
-      if (this.lostReason || this.#stopped) throw this.lostReason ? this.#lossError(this.lostReason) : toLeaseholdError(error);
-      const err = toLeaseholdError(error);
+      if (this.lostReason || this.#stopped) throw this.lostReason ? this.#lossError(this.lostReason) : toLeaseholdError(error, this.ctx.backendName());
+      const err = toLeaseholdError(error, this.ctx.backendName());
       if (!err.retryable) {
         this.lose(this.goneReason, err);
         throw this.#lossError(this.goneReason);
@@ -386,7 +390,7 @@ export class LeaseImpl implements Lease {
     this.#releasing = this.#release().then(
       () => this.#ctx.events.emit('released', { key: this.key, token: this.token, heldMs }),
       (error: unknown) => {
-        const err = toLeaseholdError(error);
+        const err = toLeaseholdError(error, this.#ctx.backendName());
         this.#ctx.events.emit('releaseFailed', { key: this.key, token: this.token, error: err });
         throw err;
       },
@@ -458,50 +462,4 @@ export function onLoss(lease: Lease, listener: (reason: LeaseLostError) => void)
   }
   signal.addEventListener('abort', run, { once: true });
   return () => signal.removeEventListener('abort', run);
-}
-
-/** A coordinator call that got no answer in the time it was given (core's own deadline, not the backend's error). */
-export class CallTimeoutError extends BackendUnavailableError {}
-
-/**
- * Bounds a coordinator call; a late answer is left to `onLate` (e.g. release a grant nobody waits
- * for), a late failure to `onLateError`.
- */
-export function withTimeout<T>(
-  promise: Promise<T>,
-  clock: Clock,
-  ms: number,
-  what: string,
-  onLate?: (value: T) => void,
-  onLateError?: (error: unknown) => void,
-): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    let timedOut = false;
-    const timer = clock.setTimeout(() => {
-      timedOut = true;
-      reject(new CallTimeoutError('leasehold', `${what} got no answer within ${Math.round(ms)} ms`));
-    }, ms);
-    promise.then(
-      (value) => {
-        if (timedOut) onLate?.(value);
-        else {
-          clock.clearTimeout(timer);
-          resolve(value);
-        }
-      },
-      (error: unknown) => {
-        if (timedOut) onLateError?.(error);
-        else {
-          clock.clearTimeout(timer);
-          reject(error);
-        }
-      },
-    );
-  });
-}
-
-/** Backends reject with LeaseholdErrors; anything else (a bug, a driver surprise) is treated as transient unavailability. */
-export function toLeaseholdError(error: unknown): LeaseholdError {
-  if (error instanceof LeaseholdError) return error;
-  return new BackendUnavailableError('leasehold', error instanceof Error ? error.message : String(error), { cause: error });
 }

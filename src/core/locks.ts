@@ -6,7 +6,8 @@ import { driftMarginMs, systemClock, type Clock } from './clock.js';
 import { ClosedError, InvalidArgumentError, LeaseLostError } from './errors.js';
 import { TypedEmitter, type LockEvents } from './events.js';
 import { guardBackend } from './guard.js';
-import { Keeper, LeaseImpl, withTimeout, type Lease, type LeaseContext } from './lease.js';
+import { withTimeout } from './call.js';
+import { Keeper, LeaseImpl, type Lease, type LeaseContext } from './lease.js';
 import { DEFAULTS, resolveAcquireOptions, type AcquireDefaults, type AcquireOptions, type ResolvedAcquire } from './options.js';
 import { SessionPool } from './sessions.js';
 import { checkClock, checkInteger, checkKey, checkKnownOptions, checkObject, checkPrefix, describe, MAX_DURATION_MS } from './validate.js';
@@ -89,6 +90,7 @@ export class Locks {
       drift: (ttl) => driftMarginMs(ttl, driftFactor),
       forget: (lease) => this.#leases.delete(lease),
       operationTimeoutMs: this.#operationTimeoutMs,
+      backendName: () => this.#loaded?.backend.name ?? 'leasehold',
     };
   }
 
@@ -163,7 +165,7 @@ export class Locks {
   async inspect(prefix?: string): Promise<KeyState[]> {
     const p = checkPrefix(prefix);
     const { backend } = await this.#load();
-    return withTimeout(backend.inspect(p), this.#clock, this.#operationTimeoutMs, 'inspect');
+    return withTimeout(backend.inspect(p), { clock: this.#clock, ms: this.#operationTimeoutMs, what: 'inspect', backend: backend.name });
   }
 
   /**
@@ -185,7 +187,9 @@ export class Locks {
     await loaded.sessions?.closeAll();
     // Bounded like every other call: a coordinator that accepts connections but never answers (a
     // frozen server, a paused link) must not keep close() — and the process — waiting for ever.
-    await withTimeout(loaded.backend.close(), this.#clock, this.#operationTimeoutMs, 'close').catch(() => {});
+    await withTimeout(loaded.backend.close(), { clock: this.#clock, ms: this.#operationTimeoutMs, what: 'close', backend: loaded.backend.name }).catch(
+      () => {},
+    );
   }
 
   #track<T>(obtaining: Promise<T>): Promise<T> {
@@ -254,7 +258,8 @@ export class Locks {
       token,
       mode: o.mode,
       acquiredAt: clock.now(),
-      release: () => withTimeout(backend.release({ key, owner, token, mode: o.mode }), clock, this.#operationTimeoutMs, 'release'),
+      release: () =>
+        withTimeout(backend.release({ key, owner, token, mode: o.mode }), { clock, ms: this.#operationTimeoutMs, what: 'release', backend: backend.name }),
     });
     keeper.add(lease);
     this.#leases.add(lease);

@@ -1,6 +1,7 @@
 import type { Backend, SessionSupport } from './backend.js';
 import type { TimerHandle } from './clock.js';
-import { Keeper, withTimeout, type LeaseContext } from './lease.js';
+import { withTimeout } from './call.js';
+import { Keeper, type LeaseContext } from './lease.js';
 
 /** An unused session is closed after max(ttl, this): long enough for back-to-back acquires to share it. */
 const SESSION_IDLE_MS = 5_000;
@@ -59,8 +60,12 @@ export class SessionPool {
     let opening!: Promise<Session>;
     opening = (async () => {
       const sentAt = clock.now();
-      const { id, ttlMs: effective } = await withTimeout(sessions.open(ttlMs), clock, operationTimeoutMs, 'session open', ({ id }) => {
-        void sessions.close(id).catch(() => {});
+      const { id, ttlMs: effective } = await withTimeout(sessions.open(ttlMs), {
+        clock,
+        ms: operationTimeoutMs,
+        what: 'session open',
+        backend: this.#ctx.backendName(),
+        onLate: ({ id }) => void sessions.close(id).catch(() => {}),
       });
       let session!: Session;
       const keeper = new Keeper({
@@ -113,7 +118,7 @@ export class SessionPool {
         if (s.status !== 'fulfilled') return;
         if (s.value.idleTimer) clock.clearTimeout(s.value.idleTimer);
         s.value.keeper.stop();
-        await withTimeout(this.#sessions.close(s.value.id), clock, operationTimeoutMs, 'session close');
+        await withTimeout(this.#sessions.close(s.value.id), { clock, ms: operationTimeoutMs, what: 'session close', backend: this.#ctx.backendName() });
       }),
     );
   }

@@ -101,6 +101,7 @@ describe('a wait whose answers come late', () => {
     expect(error).toBeInstanceOf(AcquireTimeoutError);
     expect(error.code).toBe('ACQUIRE_TIMEOUT');
     expect(error.cause).toBeInstanceOf(BackendUnavailableError); // why no answer came: said, not hidden
+    expect(error.cause).toMatchObject({ backend: 'slow-link', message: 'slow-link: acquire got no answer within 1500 ms' }); // named after the backend, not 'leasehold'
     expect(settledAt).toBeGreaterThanOrEqual(1_000 + 1_500);
     expect(settledAt).toBeLessThanOrEqual(1_000 + 1_500 + 10); // within a step of the manual clock
     await holder.release();
