@@ -58,6 +58,9 @@ export interface Backend {
    * removes only that lease; the session ending frees all of them.
    */
   sessions?: SessionSupport;
+
+  /** Optional: change notifications of one key (see {@link WatchKey}); observers poll without it. */
+  watch?: WatchKey;
 }
 
 /** A grant the backend made on its own to a queued, session-bound waiter (see `Backend.subscribe`). */
@@ -92,7 +95,26 @@ export interface AcquireRequest {
   readonly queueTtlMs: number;
   /** Session id from `sessions.open`, for leases kept alive by the session rather than on their own. */
   readonly session?: string;
+  /**
+   * A semaphore permit (mode is then 'shared'): the key admits at most `limit` holders at once,
+   * each with its own token, granted in the same atomic step as today's grants (FIFO where the
+   * backend queues: a permit is granted only if no exclusive waiter is ahead and it is among the
+   * first `limit − holders` permit waiters). The key records the limit while it has permit
+   * holders: a permit request naming another limit, a permit request on a key held by plain shared
+   * holders, or a plain shared request on a semaphore key is refused with
+   * `InvalidArgumentError('limit', …)` naming both, and nothing is written. An exclusive request on
+   * a semaphore key waits for every permit, as it waits for shared holders. Undefined: a plain lock.
+   */
+  readonly limit?: number;
 }
+
+/**
+ * Optional change notifications for one key, for observers (an election's `observe`, the
+ * dashboard): `onChange` is called (possibly more than once, possibly spuriously) after any grant,
+ * release or expiry of `key` this backend can learn of. Resolves once active, with a function that
+ * ends the subscription. Unlike `subscribe`, it needs no cursor and no queue place.
+ */
+export type WatchKey = (key: string, onChange: () => void) => Promise<() => void>;
 
 export type AcquireResult =
   | {
@@ -162,4 +184,6 @@ export interface KeyState {
   readonly waiters: number;
   /** Remaining lock-delay after an expiry without release, 0 if none. */
   readonly lockDelayRemainingMs: number;
+  /** The semaphore's limit while the key has permit holders (see `AcquireRequest.limit`); undefined otherwise. */
+  readonly limit?: number;
 }

@@ -42,6 +42,7 @@ export function guardBackend(backend: Backend): Backend {
     // Giving up a place after close(): the backend's close ended the connection and the places with it.
     ...(backend.cancelWait && { cancelWait: (req: { key: string; owner: string }) => (closed ? Promise.resolve() : backend.cancelWait!(req)) }),
     ...(sessions && { sessions }),
+    ...(backend.watch && { watch: guarded((key: string, onChange: () => void) => backend.watch!(key, onChange)) }),
   };
   return wrapped;
 }
