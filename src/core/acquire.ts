@@ -110,7 +110,8 @@ export class Acquisition {
     this.#waitMs = wait ? options.waitMs : 0;
     this.#deadline = this.#start + this.#waitMs;
     this.#queue = wait && this.#waitMs > 0 && options.fair && backend.capabilities.fair;
-    this.#useSession = options.autoRenew && ctx.sessions !== undefined;
+    // A lease with a minimum hold outlives its release on its own expiry: it cannot share a session.
+    this.#useSession = options.autoRenew && options.minHoldMs === 0 && ctx.sessions !== undefined;
   }
 
   async run(): Promise<LeaseImpl | null> {
@@ -186,10 +187,11 @@ export class Acquisition {
         mode: o.mode,
         ttlMs: this.#ttlMs,
         lockDelayMs: o.lockDelayMs,
-        holder: this.#ctx.holder,
+        holder: o.label ?? this.#ctx.holder,
         queue: this.#queue,
         queueTtlMs: WAITING.queueTtlMs,
         session: session?.id,
+        ...(o.limit !== undefined && { limit: o.limit }),
       });
       if (this.#queue) this.#queueSent = true;
       result = await withTimeout(call, {

@@ -6,11 +6,11 @@ import { driftMarginMs, systemClock, type Clock } from './clock.js';
 import { ClosedError, InvalidArgumentError, LeaseLostError } from './errors.js';
 import { TypedEmitter, type LockEvents } from './events.js';
 import { guardBackend } from './guard.js';
-import { withTimeout } from './call.js';
+import { type CallBound, withTimeout } from './call.js';
 import { Keeper, LeaseImpl, type Lease, type LeaseContext } from './lease.js';
-import { DEFAULTS, resolveAcquireOptions, type AcquireDefaults, type AcquireOptions, type ResolvedAcquire } from './options.js';
+import { checkLabel, DEFAULTS, resolveAcquireOptions, type AcquireDefaults, type AcquireOptions, type ResolvedAcquire } from './options.js';
 import { SessionPool } from './sessions.js';
-import { checkClock, checkInteger, checkKey, checkKnownOptions, checkObject, checkPrefix, describe, MAX_DURATION_MS } from './validate.js';
+import { checkClock, checkInteger, checkKey, checkKnownOptions, checkObject, checkPrefix, describe, MAX_DURATION_MS, MIN_TTL_MS } from './validate.js';
 
 export { DEFAULTS, WAITING, type AcquireOptions } from './options.js';
 
@@ -75,8 +75,8 @@ export class Locks {
     }
     this.#operationTimeoutMs =
       o.operationTimeoutMs === undefined ? DEFAULTS.operationTimeoutMs : checkInteger(o.operationTimeoutMs, 'operationTimeoutMs', 1, MAX_DURATION_MS);
-    const { signal, ...defaults } = resolveAcquireOptions(o.defaults, { ...DEFAULTS }, 'defaults');
-    void signal; // never set: `defaults` cannot name a signal
+    // `defaults` cannot name the per-call options (signal, limit, label): they come back undefined.
+    const { signal: _signal, limit: _limit, label: _label, ...defaults } = resolveAcquireOptions(o.defaults, { ...DEFAULTS }, 'defaults');
     this.#defaults = defaults;
     if (o.random !== undefined && typeof o.random !== 'function')
       throw new InvalidArgumentError('random', `expected a function returning [0, 1), got ${describe(o.random)}`);
@@ -240,31 +240,58 @@ export class Locks {
     const clock = this.#clock;
     const { backend } = loaded;
     const { key, owner, token, options: o, session } = g;
+    const holder = o.label ?? this.#holder;
+    const renew = (ttl: number) => backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl, lockDelayMs: o.lockDelayMs, holder });
     const keeper =
-      session?.keeper ??
-      new Keeper({
-        ctx: this.#ctx,
-        renewOnce: (ttl) => backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl, lockDelayMs: o.lockDelayMs, holder: this.#holder }),
-        sentAt: g.sentAt,
-        ttlMs: g.ttlMs,
-        autoRenew: o.autoRenew,
-        onIdle: (k) => k.stop(),
-      });
+      session?.keeper ?? new Keeper({ ctx: this.#ctx, renewOnce: renew, sentAt: g.sentAt, ttlMs: g.ttlMs, autoRenew: o.autoRenew, onIdle: (k) => k.stop() });
     if (session) loaded.sessions!.used(session);
+    const acquiredAt = clock.now();
+    const bound = (what: string) => ({ clock, ms: this.#operationTimeoutMs, what, backend: backend.name });
     const lease = new LeaseImpl({
       ctx: this.#ctx,
       keeper,
       key,
       token,
       mode: o.mode,
-      acquiredAt: clock.now(),
-      release: () =>
-        withTimeout(backend.release({ key, owner, token, mode: o.mode }), { clock, ms: this.#operationTimeoutMs, what: 'release', backend: backend.name }),
+      acquiredAt,
+      release: () => {
+        // A minimum hold: released before it ends, the key stays ours until then, and then expires.
+        const until = acquiredAt + o.minHoldMs;
+        if (o.minHoldMs > 0 && until > clock.now()) return this.#holdUntil({ renew, until, ttlMs: keeper.ttlMs, bound });
+        return withTimeout(backend.release({ key, owner, token, mode: o.mode }), bound('release'));
+      },
     });
     keeper.add(lease);
     this.#leases.add(lease);
     this.#events.emit('acquired', { key, token, mode: o.mode, ttlMs: lease.ttlMs, waitedMs: clock.now() - g.start });
     return lease;
+  }
+
+  /**
+   * Keeps a released lease's key until `until` (its grant + minHoldMs), then lets it expire: while
+   * more than a ttl is left it is renewed at ttl/3 as before; then one last renewal asks for exactly
+   * what is left (a backend whose leases have a fixed ttl, etcd, renews for its ttl, which is then
+   * no shorter). Resolves after the first renewal; the rest runs on unref'd timers and ends quietly
+   * when a renewal fails or this client is closed (the key then expires a ttl after the last
+   * renewal that got through). Not released at the end: an expiry, so lock-delay (if any) follows.
+   */
+  async #holdUntil(h: {
+    renew: (ttlMs: number) => Promise<unknown>;
+    until: number;
+    ttlMs: number;
+    bound: (what: string) => CallBound<unknown>;
+  }): Promise<void> {
+    const clock = this.#clock;
+    const step = async (): Promise<void> => {
+      const left = h.until - clock.now();
+      if (left <= 0 || this.#closing.signal.aborted) return;
+      const last = left <= h.ttlMs;
+      const answer = (await withTimeout(h.renew(last ? Math.max(MIN_TTL_MS, Math.ceil(left)) : h.ttlMs), h.bound('renew'))) as { renewed: boolean };
+      if (!answer.renewed || last) return;
+      const next = Math.min(h.ttlMs / 3, h.until - clock.now() - h.ttlMs);
+      clock.setTimeout(() => void step().catch(() => {}), Math.max(0, next));
+    };
+    await step();
   }
 }
 
@@ -275,10 +302,7 @@ function isBackend(value: unknown): value is Backend {
 }
 
 function checkHolderName(value: unknown): string {
-  if (typeof value !== 'string' || value.length === 0 || value.length > 200 || !/^[\x20-\x7e]+$/.test(value)) {
-    throw new InvalidArgumentError('holderName', `expected 1–200 printable ASCII characters, got ${describe(value)}`);
-  }
-  return value;
+  return checkLabel(value, 'holderName');
 }
 
 function defaultHolderName(): string {

@@ -1,3 +1,4 @@
+import { InvalidArgumentError } from './errors.js';
 import {
   checkBoolean,
   checkInteger,
@@ -7,6 +8,7 @@ import {
   checkSignal,
   checkTtl,
   checkWait,
+  describe,
   MAX_DURATION_MS,
   type LockMode,
 } from './validate.js';
@@ -30,7 +32,12 @@ export const DEFAULTS = Object.freeze({
   driftFactor: 0.01,
   /** 5 s: the longest a single coordinator call may take before it counts as unavailable. */
   operationTimeoutMs: 5_000,
+  /** 0: a release frees the key at once; raise it for run-once jobs (ShedLock's lockAtLeastFor). */
+  minHoldMs: 0,
 });
+
+/** The largest semaphore: 10,000 permits (each permit is a holder record at the coordinator). */
+export const MAX_LIMIT = 10_000;
 
 /**
  * Waiting constants. A backend with a wake-up hook is still polled every FALLBACK_POLL_MS in case a
@@ -60,23 +67,63 @@ export interface AcquireOptions {
   fair?: boolean;
   /** Aborting it stops the wait; `acquire` then rejects with the signal's reason. */
   signal?: AbortSignal;
+  /**
+   * A semaphore permit: at most `limit` holders of the key at once (1 … 10,000), each a full Lease
+   * with its own token. The key records its limit while held; a request naming another is refused.
+   * Alone it asks for a permit (mode 'shared'); with an explicit `mode: 'exclusive'` only 1 is allowed.
+   */
+  limit?: number;
+  /** The public label of this grant, shown by inspect, `ls` and the dashboard; never secret. @default the client's holderName */
+  label?: string;
+  /**
+   * A release earlier than this after the grant keeps the key until then (renewal stops, and it
+   * expires), so a second machine whose cron fires a little later skips instead of running the job
+   * again (ShedLock's lockAtLeastFor). @default 0
+   */
+  minHoldMs?: number;
 }
 
-export const ACQUIRE_OPTION_NAMES = ['ttlMs', 'waitMs', 'mode', 'lockDelayMs', 'autoRenew', 'fair', 'signal'] as const;
+export const ACQUIRE_OPTION_NAMES = ['ttlMs', 'waitMs', 'mode', 'lockDelayMs', 'autoRenew', 'fair', 'signal', 'limit', 'label', 'minHoldMs'] as const;
+/** Options that belong to one call, not to an instance's defaults. */
+const PER_CALL = new Set<string>(['signal', 'limit', 'label']);
 
-/** Every acquire option but the signal, filled in. */
-export type AcquireDefaults = Required<Omit<AcquireOptions, 'signal'>>;
+/** Every acquire option that has a default, filled in. */
+export type AcquireDefaults = Required<Omit<AcquireOptions, 'signal' | 'limit' | 'label'>>;
 
 /** One acquire's options: copied, defaults filled in, each validated (an error names the option). */
-export type ResolvedAcquire = AcquireDefaults & { signal: AbortSignal | undefined };
+export type ResolvedAcquire = AcquireDefaults & { signal: AbortSignal | undefined; limit: number | undefined; label: string | undefined };
 
 /** Validates `options` (a call's, or an instance's `defaults`) over `base`; unknown names are refused. */
 export function resolveAcquireOptions(options: unknown, base: AcquireDefaults, argument: 'options' | 'defaults'): ResolvedAcquire {
   const o = checkObject(options, argument);
-  checkKnownOptions(o, argument === 'defaults' ? ACQUIRE_OPTION_NAMES.filter((n) => n !== 'signal') : ACQUIRE_OPTION_NAMES, argument);
+  checkKnownOptions(o, argument === 'defaults' ? ACQUIRE_OPTION_NAMES.filter((n) => !PER_CALL.has(n)) : ACQUIRE_OPTION_NAMES, argument);
   const resolved = resolveAcquire(o, base, argument) as ResolvedAcquire;
   resolved.signal = o.signal === undefined ? undefined : checkSignal(o.signal, `${argument}.signal`);
+  resolved.label = o.label === undefined ? undefined : checkLabel(o.label, `${argument}.label`);
+  resolved.limit = undefined;
+  if (o.limit !== undefined) {
+    const limit = checkInteger(o.limit, `${argument}.limit`, 1, MAX_LIMIT);
+    if (o.mode === 'exclusive') {
+      // An explicit exclusive lock of 1 is just a lock; of more it is a contradiction.
+      if (limit > 1)
+        throw new InvalidArgumentError(
+          `${argument}.limit`,
+          `a limit of ${limit} permits asks for a semaphore, which mode "exclusive" contradicts (leave mode out)`,
+        );
+    } else {
+      resolved.mode = 'shared';
+      resolved.limit = limit;
+    }
+  }
   return resolved;
+}
+
+/** A public label: 1–200 printable ASCII characters (it is shown to others and stored with the grant). */
+export function checkLabel(value: unknown, name: string): string {
+  if (typeof value !== 'string' || value.length === 0 || value.length > 200 || !/^[\x20-\x7e]+$/.test(value)) {
+    throw new InvalidArgumentError(name, `expected 1–200 printable ASCII characters, got ${describe(value)}`);
+  }
+  return value;
 }
 
 function resolveAcquire(o: Record<string, unknown>, base: AcquireDefaults, argument: string): AcquireDefaults {
@@ -87,5 +134,6 @@ function resolveAcquire(o: Record<string, unknown>, base: AcquireDefaults, argum
     lockDelayMs: o.lockDelayMs === undefined ? base.lockDelayMs : checkInteger(o.lockDelayMs, `${argument}.lockDelayMs`, 0, MAX_DURATION_MS),
     autoRenew: o.autoRenew === undefined ? base.autoRenew : checkBoolean(o.autoRenew, `${argument}.autoRenew`),
     fair: o.fair === undefined ? base.fair : checkBoolean(o.fair, `${argument}.fair`),
+    minHoldMs: o.minHoldMs === undefined ? base.minHoldMs : checkInteger(o.minHoldMs, `${argument}.minHoldMs`, 0, MAX_DURATION_MS),
   };
 }
