@@ -1,5 +1,6 @@
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
 import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
+import { InvalidArgumentError } from '../core/errors.js';
 import { checkObject, checkKnownOptions, checkBoolean, checkClock } from '../core/validate.js';
 import type { LockMode } from '../core/validate.js';
 
@@ -20,6 +21,8 @@ interface Holder {
   expiresAt: number;
   lockDelayMs: number;
   session: string | undefined;
+  /** The semaphore's limit, for a permit (a shared grant asked with `limit`); undefined for a plain lock. */
+  limit: number | undefined;
 }
 
 interface Waiter {
@@ -59,6 +62,8 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
   const keys = new Map<string, KeyRecord>();
   const sessionTable = new Map<string, { expiresAt: number }>();
   const subscribers = new Map<string, Set<() => void>>();
+  /** `watch` observers: told of every grant, release and expiry of their key. */
+  const watchers = new Map<string, Set<() => void>>();
   // Calls after close() are refused by core's guard (guardBackend), not here.
   let closed = false;
 
@@ -80,21 +85,27 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     if (set) for (const fn of [...set]) fn();
   };
 
+  /** Tells the key's observers that its holders changed (after the change is done: they may call back at once). */
+  const changed = (key: string): void => {
+    const set = watchers.get(key);
+    if (set) for (const fn of set) queueMicrotask(fn);
+  };
+
   /** Drops expired holders (starting their lock-delay) and expired queue places. Returns true if anything changed. */
-  const purge = (r: KeyRecord, now: number): boolean => {
-    let changed = false;
+  const purge = (key: string, r: KeyRecord, now: number): boolean => {
+    let expired = false;
     for (const [owner, h] of r.holders) {
       const expiry = expiryOf(h);
       if (expiry <= now) {
         r.holders.delete(owner);
         if (h.lockDelayMs > 0 && expiry > -Infinity) r.delayUntil = Math.max(r.delayUntil, expiry + h.lockDelayMs);
-        changed = true;
+        expired = true;
       }
     }
+    if (expired) changed(key);
     const before = r.queue.length;
     r.queue = r.queue.filter((w) => w.expiresAt > now);
-    if (r.queue.length !== before) changed = true;
-    return changed;
+    return expired || r.queue.length !== before;
   };
 
   /** Arms one timer per key at its next expiry, so waiters hear about expiries, not only releases. */
@@ -108,12 +119,12 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     if (r.timer) clock.clearTimeout(r.timer);
     r.timer = undefined;
     r.timerAt = next;
-    if (next === Infinity || !subscribers.has(key)) return;
+    if (next === Infinity || !(subscribers.has(key) || watchers.has(key))) return;
     r.timer = clock.setTimeout(
       () => {
         r.timer = undefined;
         r.timerAt = Infinity;
-        purge(r, clock.now());
+        purge(key, r, clock.now());
         notify(key);
         arm(key, r);
       },
@@ -121,18 +132,24 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     );
   };
 
-  const compatible = (r: KeyRecord, mode: LockMode): boolean => {
+  /** No holder conflicts with the mode, and a permit finds a free place (`limit` is the request's, checked against the key's first). */
+  const compatible = (r: KeyRecord, mode: LockMode, limit: number | undefined): boolean => {
     if (r.holders.size === 0) return true;
     if (mode === 'exclusive') return false;
     for (const h of r.holders.values()) if (h.mode !== 'shared') return false;
-    return true;
+    return limit === undefined || r.holders.size < limit;
   };
 
-  /** Under fairness, a request may go only when everyone queued ahead of it could go with it. */
-  const clearAhead = (r: KeyRecord, owner: string, mode: LockMode): boolean => {
+  /**
+   * Under fairness, a request may go only when everyone queued ahead of it could go with it: no
+   * exclusive request ahead (nor anyone ahead of an exclusive one), and for a permit fewer waiters
+   * ahead than the free places (`room`), so the first ones take them.
+   */
+  const clearAhead = (r: KeyRecord, owner: string, mode: LockMode, room: number): boolean => {
+    let ahead = 0;
     for (const w of r.queue) {
       if (w.owner === owner) return true;
-      if (mode === 'exclusive' || w.mode === 'exclusive') return false;
+      if (mode === 'exclusive' || w.mode === 'exclusive' || ++ahead >= room) return false;
     }
     return true;
   };
@@ -160,7 +177,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
           // its tombstone so purge can start the lock-delay of its leases.
           if (s.expiresAt > now) sessionTable.delete(id);
           for (const [key, r] of keys) {
-            if (purge(r, now)) {
+            if (purge(key, r, now)) {
               notify(key);
               arm(key, r);
             }
@@ -176,7 +193,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const now = clock.now();
       const r = record(req.key);
-      purge(r, now);
+      purge(req.key, r, now);
       for (const [id, s] of sessionTable) if (s.expiresAt < now - SESSION_TOMBSTONE_MS) sessionTable.delete(id);
       if (req.session !== undefined) {
         const s = sessionTable.get(req.session);
@@ -190,10 +207,18 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
         return { granted: true, token: mine.token, ttlMs: req.ttlMs };
       }
 
-      const free = compatible(r, req.mode) && now >= r.delayUntil;
+      // A permit records its limit; the key refuses another limit, or permits mixed with plain shared holders, writing nothing.
+      const limit = req.mode === 'shared' ? req.limit : undefined;
+      if (req.mode === 'shared') {
+        for (const h of r.holders.values()) {
+          if (h.mode === 'shared' && h.limit !== limit) throw new InvalidArgumentError('limit', limitConflict(req.key, h.limit, limit));
+        }
+      }
+      const free = compatible(r, req.mode, limit) && now >= r.delayUntil;
       const inQueue = r.queue.findIndex((w) => w.owner === req.owner);
+      const room = limit === undefined ? Infinity : limit - r.holders.size;
       // A queued request goes when everyone ahead could go with it; an unqueued one (tryAcquire) never barges past waiters.
-      const mayGo = free && (req.queue ? clearAhead(r, req.owner, req.mode) : r.queue.length === 0);
+      const mayGo = free && (req.queue ? clearAhead(r, req.owner, req.mode, room) : r.queue.length === 0);
       if (mayGo) {
         r.lastToken += 1n;
         r.holders.set(req.owner, {
@@ -203,11 +228,13 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
           expiresAt: now + req.ttlMs,
           lockDelayMs: req.lockDelayMs,
           session: req.session,
+          limit,
         });
         if (inQueue >= 0) {
           r.queue.splice(inQueue, 1);
           notify(req.key); // the next shared waiter may now be at the head
         }
+        changed(req.key);
         arm(req.key, r);
         return { granted: true, token: r.lastToken, ttlMs: req.ttlMs };
       }
@@ -230,7 +257,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       const now = clock.now();
       const r = keys.get(req.key);
       if (!r) return { renewed: false };
-      purge(r, now);
+      purge(req.key, r, now);
       const h = r.holders.get(req.owner);
       if (!h || h.token !== req.token) return { renewed: false };
       if (h.session === undefined) h.expiresAt = now + req.ttlMs;
@@ -242,11 +269,12 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
     async release(req: ReleaseRequest): Promise<void> {
       const r = keys.get(req.key);
       if (!r) return;
-      purge(r, clock.now());
+      purge(req.key, r, clock.now());
       const h = r.holders.get(req.owner);
       if (!h || h.token !== req.token) return;
       r.holders.delete(req.owner);
       notify(req.key);
+      changed(req.key);
       arm(req.key, r);
     },
 
@@ -277,21 +305,39 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       };
     },
 
+    async watch(key: string, onChange: () => void) {
+      let set = watchers.get(key);
+      if (!set) watchers.set(key, (set = new Set()));
+      set.add(onChange);
+      const r = keys.get(key);
+      if (r) {
+        r.timerAt = NaN; // force re-arm: expiries are heard from now on
+        arm(key, r);
+      }
+      return () => {
+        set.delete(onChange);
+        if (set.size === 0 && watchers.get(key) === set) watchers.delete(key);
+      };
+    },
+
     async inspect(prefix: string): Promise<KeyState[]> {
       const now = clock.now();
       const out: KeyState[] = [];
       for (const [key, r] of keys) {
         // core orders the answer (guardBackend)
         if (!key.startsWith(prefix)) continue;
-        purge(r, now);
+        purge(key, r, now);
         const delay = Math.max(0, r.delayUntil - now);
         if (r.holders.size === 0 && r.queue.length === 0 && delay === 0) continue;
+        const holders = [...r.holders.values()];
+        const limit = holders.find((h) => h.limit !== undefined)?.limit;
         out.push({
           key,
           lastToken: r.lastToken,
-          holders: [...r.holders.values()].map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, expiryOf(h) - now) })),
+          holders: holders.map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, expiryOf(h) - now) })),
           waiters: r.queue.length,
           lockDelayRemainingMs: delay,
+          ...(limit !== undefined && { limit }),
         });
       }
       return out;
@@ -303,10 +349,21 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       for (const r of keys.values()) if (r.timer) clock.clearTimeout(r.timer);
       for (const set of subscribers.values()) for (const fn of set) fn();
       subscribers.clear();
+      for (const set of watchers.values()) for (const fn of set) fn();
+      watchers.clear();
     },
   };
   if (sessions) backend.sessions = sessions;
   return backend;
+}
+
+/**
+ * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
+ * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
+ */
+function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
+  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
+  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
 }
 
 /** The coordinator behind `memory:` URLs, created on first use and never closed. */
@@ -339,6 +396,16 @@ export function sharedMemoryBackend(): Backend {
     },
     async cancelWait(req) {
       return core.cancelWait?.(req);
+    },
+    async watch(key, onChange) {
+      const off = await core.watch!(key, onChange);
+      const wake = (): void => onChange();
+      const end = (): void => {
+        mine.delete(wake);
+        off();
+      };
+      mine.set(wake, end);
+      return end;
     },
     async subscribe(key, onChange, cursor) {
       const off = await core.subscribe!(key, onChange, cursor);
