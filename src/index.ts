@@ -26,6 +26,7 @@ export function createLocks(options?: CreateLocksOptions): Locks {
 
 export { Locks, DEFAULTS, WAITING, type AcquireOptions, type LocksOptions } from './core/locks.js';
 export type { Lease } from './core/lease.js';
+export { Election, type ElectionOptions, type Leader } from './core/election.js';
 export {
   LeaseholdError,
   AcquireTimeoutError,

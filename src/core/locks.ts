@@ -4,6 +4,7 @@ import { Acquisition, type AcquireContext, type Grant } from './acquire.js';
 import type { Backend, KeyState, SessionSupport } from './backend.js';
 import { driftMarginMs, systemClock, type Clock } from './clock.js';
 import { ClosedError, InvalidArgumentError, LeaseLostError } from './errors.js';
+import { Election, type ElectionOptions } from './election.js';
 import { TypedEmitter, type LockEvents } from './events.js';
 import { guardBackend } from './guard.js';
 import { type CallBound, withTimeout } from './call.js';
@@ -159,6 +160,33 @@ export class Locks {
     if (lost) throw new LeaseLostError(lost.key, lost.token, lost.reason, failure ? { cause: failure.error } : undefined);
     if (failure) throw failure.error;
     return result as T;
+  }
+
+  /**
+   * Leader election on `key` (see {@link Election}): `campaign`, `leader`, `observe`, `lead`. The
+   * term is the leadership lease's token.
+   */
+  election(key: string, options?: ElectionOptions): Election {
+    return new Election(this, checkKey(key), options);
+  }
+
+  /**
+   * Change notifications of one key (grants, releases, expiries) where the backend sends them:
+   * resolves with the function that stops them, or undefined when the backend has none (poll
+   * `inspect` then). `onChange` may be called spuriously. For observers (elections, dashboards).
+   */
+  async watch(key: string, onChange: () => void): Promise<(() => void) | undefined> {
+    const k = checkKey(key);
+    if (typeof onChange !== 'function') throw new InvalidArgumentError('onChange', `expected a function, got ${describe(onChange)}`);
+    const { backend } = await this.#load();
+    if (!backend.watch) return undefined;
+    return withTimeout(backend.watch(k, onChange), {
+      clock: this.#clock,
+      ms: this.#operationTimeoutMs,
+      what: 'watch',
+      backend: backend.name,
+      onLate: (stop) => stop(),
+    });
   }
 
   /** Holders, tokens, expiry and waiters of keys starting with `prefix` (all keys by default), sorted by key. */
