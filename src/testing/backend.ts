@@ -316,6 +316,105 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       await expect(b.acquire(key('abort2'), { signal: AbortSignal.abort(reason) })).rejects.toBe(reason);
     });
 
+    it('semaphore: with N permits and more contenders, never more than N holders; each permit its own increasing token', async () => {
+      const k = key('semaphore');
+      const workers = await Promise.all(Array.from({ length: 6 }, () => client()));
+      let inside = 0;
+      let most = 0;
+      const tokens: bigint[] = [];
+      let limitSeen: number | undefined;
+      await Promise.all(
+        workers.map(async (w) => {
+          for (let i = 0; i < 3; i++) {
+            const lease = await w.acquire(k, { limit: 3, ttlMs: 20 * T, waitMs: 400 * T });
+            inside++;
+            most = Math.max(most, inside);
+            tokens.push(lease.token);
+            expect(lease.mode).toBe('shared');
+            const [state] = await w.inspect(k);
+            limitSeen ??= state?.limit;
+            expect(state!.holders.length).toBeLessThanOrEqual(3);
+            await sleep(T / 8);
+            inside--;
+            await lease.release();
+          }
+        }),
+      );
+      expect(most).toBeLessThanOrEqual(3);
+      expect(most).toBeGreaterThan(1); // permits really are held at once
+      expect(limitSeen).toBe(3);
+      expect(new Set(tokens).size).toBe(tokens.length); // I2 for permits
+      const [first] = await Promise.all([client()]);
+      const next = await first!.acquire(k, { limit: 3, ttlMs: T });
+      expect(next.token).toBeGreaterThan(tokens.reduce((m, t) => (t > m ? t : m), 0n)); // I1 for permits
+    });
+
+    it('semaphore: a request naming another limit, or plain shared against permits, is refused naming both; nothing is written', async () => {
+      const k = key('semaphore-limit');
+      const [a, b] = [await client(), await client()];
+      const permit = await a.acquire(k, { limit: 3, ttlMs: 20 * T });
+      const before = (await a.inspect(k))[0]!.lastToken;
+      const other = await b.acquire(k, { limit: 5, ttlMs: T, waitMs: 0 }).catch((e: unknown) => e);
+      expect(other).toBeInstanceOf(InvalidArgumentError);
+      expect((other as Error).message).toMatch(/\b3\b/);
+      expect((other as Error).message).toMatch(/\b5\b/);
+      const shared = await b.acquire(k, { mode: 'shared', ttlMs: T, waitMs: 0 }).catch((e: unknown) => e);
+      expect(shared).toBeInstanceOf(InvalidArgumentError);
+      const [after] = await a.inspect(k);
+      expect(after!.lastToken).toBe(before);
+      expect(after!.holders.map((x) => x.token)).toEqual([permit.token]);
+      expect(after!.waiters).toBe(0);
+      await permit.release();
+    });
+
+    it('semaphore: an exclusive request waits for every permit; a crashed permit holder frees its permit when it expires', async () => {
+      const k = key('semaphore-excl');
+      const [a, b, c] = [await client(), await client(), await client()];
+      const p1 = await a.acquire(k, { limit: 2, ttlMs: 20 * T });
+      const p2 = await b.acquire(k, { limit: 2, ttlMs: T, autoRenew: false }); // "crashes": never renewed
+      expect(await c.tryAcquire(k, { limit: 2, ttlMs: T })).toBeNull(); // both permits taken
+      const third = c.acquire(k, { limit: 2, ttlMs: 20 * T, waitMs: 40 * T });
+      const p3 = await third; // p2 expired: its permit is free again
+      expect(p2.held).toBe(false);
+      expect(p3.token).toBeGreaterThan(p2.token);
+      let exclusiveGranted = false;
+      const excl = (await client()).acquire(k, { ttlMs: 20 * T, waitMs: 100 * T }).then((l) => ((exclusiveGranted = true), l));
+      await p1.release();
+      await sleep(T / 2);
+      expect(exclusiveGranted).toBe(false); // p3 still holds a permit
+      await p3.release();
+      const e = await excl;
+      expect(e.mode).toBe('exclusive');
+      expect(e.token).toBeGreaterThan(p3.token);
+      await e.release();
+    });
+
+    it('semaphore (fair backends): a released permit goes to the first permit waiter', async (ctx) => {
+      const backend = await h.connect();
+      const fair = backend.capabilities.fair;
+      await backend.close();
+      if (!fair) return ctx.skip('the backend does not declare capabilities.fair: permits are granted to whoever asks next');
+      const k = key('semaphore-fifo');
+      const c0 = await client();
+      const held = [await c0.acquire(k, { limit: 2, ttlMs: 20 * T }), await c0.acquire(k, { limit: 2, ttlMs: 20 * T })];
+      const order: number[] = [];
+      const waiters: Promise<Lease>[] = [];
+      for (let i = 0; i < 3; i++) {
+        const c = await client();
+        waiters.push(c.acquire(k, { limit: 2, ttlMs: 20 * T, waitMs: 100 * T }).then((l) => (order.push(i), l)));
+        await eventually(async () => (await c0.inspect(k))[0]?.waiters === i + 1, 10 * T);
+      }
+      await held[0]!.release();
+      const first = await waiters[0]!;
+      expect(await (await client()).tryAcquire(k, { limit: 2, ttlMs: T })).toBeNull(); // no barging past the queue
+      await held[1]!.release();
+      const second = await waiters[1]!;
+      await first.release();
+      const third = await waiters[2]!;
+      expect(order).toEqual([0, 1, 2]);
+      await Promise.all([second, third].map((l) => l.release()));
+    });
+
     it('mutual exclusion under contention: no overlap, tokens increase in grant order', async () => {
       const k = key('contend');
       const workers = await Promise.all([client(), client(), client(), client()]);
