@@ -69,7 +69,8 @@ function render() {
     const tr = el('tr');
     tr.dataset.key = k.key;
     tr.append(el('td', 'key', k.key));
-    tr.append(el('td', '', k.holders.length ? k.holders[0].mode : '—'));
+    const mode = k.holders.length ? (k.limit ? k.holders.length + ' of ' + k.limit + ' permits' : k.holders[0].mode) : '—';
+    tr.append(el('td', '', mode));
     const td = el('td');
     if (!k.holders.length) td.append(el('span', 'none', '(none)'));
     for (const h of k.holders) {

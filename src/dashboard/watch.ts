@@ -15,6 +15,8 @@ export interface KeyView {
   readonly holders: readonly HolderView[];
   readonly waiters: number;
   readonly lockDelayRemainingMs: number;
+  /** A semaphore's limit while it has permit holders. */
+  readonly limit?: number;
 }
 
 export interface Snapshot {
@@ -50,6 +52,7 @@ export function toView(states: readonly KeyState[]): KeyView[] {
     holders: s.holders.map((h) => ({ mode: h.mode, token: h.token.toString(), holder: h.holder, expiresInMs: Math.max(0, Math.round(h.expiresInMs)) })),
     waiters: s.waiters,
     lockDelayRemainingMs: Math.round(s.lockDelayRemainingMs),
+    ...(s.limit !== undefined && { limit: s.limit }),
   }));
 }
 
