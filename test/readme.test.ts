@@ -36,6 +36,9 @@ const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
   ['postgresFence(pool)', /^exported under token [1-9]\d*\n$/],
   ['redisFence(client', /^written under token [1-9]\d*\n$/],
   ['etcdBackend({ hosts })', /^leader under token [1-9]\d* \(ttl 2000 ms\)\n$/],
+  ['api:quota', "[ 1n, 2n, 3n ]\nnull\n3 [ 'worker-1', 'worker-2', 'worker-3' ]\n"],
+  ["election('cluster:leader'", 'leading in term 1\nhttp://10.0.0.5:8080\nnull\n'],
+  ["tryAcquire('nightly-report', { minHoldMs", 'null\n'],
   ['instrumentLocks(locks', 'leasehold_acquire_total{backend="memory",key="tenant:*:export",outcome="acquired"} 1\n'],
 ];
 const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
