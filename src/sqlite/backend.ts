@@ -68,6 +68,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       expires_at INTEGER NOT NULL,
       epoch TEXT NOT NULL,
       lock_delay_ms INTEGER NOT NULL,
+      permit_limit INTEGER,
       PRIMARY KEY (key, owner)
     ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS ${waitersT} (
@@ -79,10 +80,19 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       epoch TEXT NOT NULL,
       PRIMARY KEY (key, owner)
     ) WITHOUT ROWID;`;
-  const SELECT_HOLDERS = `SELECT owner, mode, token, holder, expires_at, epoch, lock_delay_ms FROM ${locksT} WHERE key = ?`;
+  /**
+   * A semaphore permit's limit, next to its holder (NULL: a plain lock). Tables made before permits
+   * get the column on first use; rows written by an older leasehold read as plain locks.
+   */
+  const HAS_LIMIT_COLUMN = `SELECT 1 FROM pragma_table_info(?) WHERE name = 'permit_limit'`;
+  const ADD_LIMIT_COLUMN = `ALTER TABLE ${locksT} ADD COLUMN permit_limit INTEGER`;
+  const SELECT_HOLDERS = `SELECT owner, mode, token, holder, expires_at, epoch, lock_delay_ms, permit_limit FROM ${locksT} WHERE key = ?`;
+  /** The first expiry among the key's holders, for `watch` (an expiry is no commit: nobody else would tell). */
+  const NEXT_EXPIRY = `SELECT min(expires_at) AS at FROM ${locksT} WHERE key = ? AND epoch = ?`;
   const DELETE_HOLDER = `DELETE FROM ${locksT} WHERE key = ? AND owner = ?`;
   const DELETE_HOLDER_WITH_TOKEN = `DELETE FROM ${locksT} WHERE key = ? AND owner = ? AND token = ?`;
-  const INSERT_HOLDER = `INSERT INTO ${locksT} (key, owner, mode, token, holder, expires_at, epoch, lock_delay_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`;
+  const INSERT_HOLDER = `INSERT INTO ${locksT} (key, owner, mode, token, holder, expires_at, epoch, lock_delay_ms, permit_limit)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`;
   const RENEW_HOLDER = `UPDATE ${locksT} SET expires_at = ? WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ?`;
   const SELECT_TOKEN_ROW = `SELECT last_token, delay_until, delay_epoch FROM ${tokensT} WHERE key = ?`;
   /** The grant's token: the key's counter raised in the same transaction as the holder row (I1, I2). */
@@ -118,7 +128,14 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
         await retryBusy('enable WAL', () => db.pragma('journal_mode = WAL'));
         db.pragma('synchronous = FULL');
       }
-      await retryBusy('create tables', () => db.transaction(() => db.exec(SCHEMA)).immediate());
+      await retryBusy('create tables', () =>
+        db
+          .transaction(() => {
+            db.exec(SCHEMA);
+            if (db.prepare(HAS_LIMIT_COLUMN).get(table) === undefined) db.exec(ADD_LIMIT_COLUMN);
+          })
+          .immediate(),
+      );
     })().catch((error: unknown) => {
       ready = undefined;
       throw mapError('open', error);
@@ -139,7 +156,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     | 'enqueue'
     | 'dequeue'
     | 'listKeys'
-    | 'countWaiters',
+    | 'countWaiters'
+    | 'nextExpiry',
     ReturnType<SqliteDatabase['prepare']>
   >;
   let prepared: Prepared | undefined;
@@ -160,6 +178,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       dequeue: db.prepare(DEQUEUE),
       listKeys: db.prepare(LIST_KEYS),
       countWaiters: db.prepare(COUNT_WAITERS),
+      nextExpiry: db.prepare(NEXT_EXPIRY).safeIntegers(true),
     });
 
   interface HolderRow {
@@ -170,7 +189,37 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     expires_at: bigint;
     epoch: string;
     lock_delay_ms: bigint;
+    permit_limit: bigint | null;
   }
+
+  /** Keys whose holders this connection changed in the operation under way; `watch` observers hear of them once it commits. */
+  const changedKeys = new Set<string>();
+
+  /**
+   * A shared request's limit against the key's live shared holders (permits record theirs): another
+   * limit, or permits mixed with plain shared holders, is refused before anything is written (the
+   * transaction rolls back).
+   */
+  const checkLimit = (req: AcquireRequest, holders: readonly HolderRow[]): void => {
+    if (req.mode !== 'shared') return;
+    const asked = req.limit;
+    for (const h of holders) {
+      const held = h.permit_limit === null ? undefined : Number(h.permit_limit);
+      if (h.mode === 'shared' && held !== asked) throw new InvalidArgumentError('limit', limitConflict(req.key, held, asked));
+    }
+  };
+
+  /** The holders leave room for the request: none, all shared and (for a permit) fewer than its limit. */
+  const compatibleWith = (req: AcquireRequest, holders: readonly HolderRow[]): boolean =>
+    holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared') && (req.limit === undefined || holders.length < req.limit));
+
+  /**
+   * Fair order: a queued request goes only when everyone ahead of it could go with it (no exclusive
+   * request on either side), and a permit only when fewer permit waiters are ahead than free places.
+   * `ahead` is the queue before the caller's place (the whole queue when it has none).
+   */
+  const clearOf = (req: AcquireRequest, holders: readonly HolderRow[], ahead: readonly { mode: LockMode }[]): boolean =>
+    ahead.every((w) => req.mode === 'shared' && w.mode === 'shared') && (req.limit === undefined || ahead.length < req.limit - holders.length);
 
   /** Removes expired holders of `key` (starting their lock-delay, I8) and expired queue places; returns the live holders. */
   const purge = (key: string, now: number, epoch: string): HolderRow[] => {
@@ -185,6 +234,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
         continue;
       }
       s.deleteHolder.run(key, row.owner);
+      changedKeys.add(key);
       if (sameEpoch && row.lock_delay_ms > 0n) delayUntil = Math.max(delayUntil, expiresAt + Number(row.lock_delay_ms));
     }
     if (delayUntil > 0) {
@@ -207,32 +257,26 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       s.renewHolder.run(now + req.ttlMs, req.key, req.owner, mine.token, epoch, now);
       return { granted: true, token: mine.token, ttlMs: req.ttlMs };
     }
+    checkLimit(req, holders);
     const t = s.selectTokenRow.get(req.key) as { delay_until: bigint; delay_epoch: string } | undefined;
     const delayUntil = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
-    const compatible = holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared'));
     const waiters = s.selectWaiters.all(req.key) as { owner: string; mode: LockMode }[];
-    let clearAhead = true;
-    if (req.queue) {
-      for (const w of waiters) {
-        if (w.owner === req.owner) break;
-        if (req.mode === 'exclusive' || w.mode === 'exclusive') {
-          clearAhead = false;
-          break;
-        }
-      }
-    } else clearAhead = waiters.length === 0;
+    const place = waiters.findIndex((w) => w.owner === req.owner);
+    // A request that will not wait (tryAcquire) never barges past waiters.
+    const clearAhead = req.queue ? clearOf(req, holders, place < 0 ? waiters : waiters.slice(0, place)) : waiters.length === 0;
 
-    if (compatible && now >= delayUntil && clearAhead) {
+    if (compatibleWith(req, holders) && now >= delayUntil && clearAhead) {
       const { last_token: token } = s.nextToken.get(req.key) as { last_token: bigint };
-      s.insertHolder.run(req.key, req.owner, req.mode, token, req.holder, now + req.ttlMs, epoch, req.lockDelayMs);
+      const limit = req.mode === 'shared' ? (req.limit ?? null) : null;
+      s.insertHolder.run(req.key, req.owner, req.mode, token, req.holder, now + req.ttlMs, epoch, req.lockDelayMs, limit);
       s.dequeue.run(req.key, req.owner);
+      changedKeys.add(req.key);
       return { granted: true, token, ttlMs: req.ttlMs };
     }
     if (req.queue) {
       // A fresh place is left as it is: refreshing it on every ask would be a commit that wakes every other waiter.
-      const place = waiters.find((w) => w.owner === req.owner) as { owner: string } | undefined;
       const fresh =
-        place &&
+        place >= 0 &&
         Number((s.selectPlaces.all(req.key) as { owner: string; expires_at: bigint }[]).find((w) => w.owner === req.owner)?.expires_at ?? 0) - now >=
           req.queueTtlMs / 2;
       if (!fresh) s.enqueue.run({ key: req.key, owner: req.owner, mode: req.mode, expiresAt: now + req.queueTtlMs, epoch });
@@ -263,11 +307,13 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     if (places.some((w) => w.epoch !== epoch || Number(w.expires_at) <= now)) return undefined;
     const mine = places.findIndex((w) => w.owner === req.owner);
     if (mine < 0 || Number(places[mine]!.expires_at) - now < req.queueTtlMs / 2) return undefined;
+    // A limit the key refuses is answered by the write transaction (which writes nothing then).
+    if (req.mode === 'shared' && holders.some((h) => h.mode === 'shared' && (h.permit_limit === null ? undefined : Number(h.permit_limit)) !== req.limit)) {
+      return undefined;
+    }
     const t = s.selectTokenRow.get(req.key) as { delay_until: bigint; delay_epoch: string } | undefined;
     const delayUntil = t && t.delay_epoch === epoch ? Number(t.delay_until) : 0;
-    const compatible = holders.length === 0 || (req.mode === 'shared' && holders.every((h) => h.mode === 'shared'));
-    const clearAhead = places.slice(0, mine).every((w) => req.mode === 'shared' && w.mode === 'shared');
-    if (compatible && now >= delayUntil && clearAhead) return undefined;
+    if (compatibleWith(req, holders) && now >= delayUntil && clearOf(req, holders, places.slice(0, mine))) return undefined;
     let soonest = delayUntil > now ? delayUntil : Infinity;
     for (const h of holders) soonest = Math.min(soonest, Math.max(Number(h.expires_at), delayUntil));
     const busy = { granted: false as const, holder: holders[0]?.holder };
@@ -275,12 +321,44 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
   };
 
   // Wake-ups: our own commits notify subscribers of this backend directly; commits by other
-  // processes are seen by polling PRAGMA data_version (cheap, no lock) while anyone waits.
+  // processes are seen by polling PRAGMA data_version (cheap, no lock) while anyone waits or watches.
   const subscribers = new Set<() => void>();
+  /** `watch` observers by key, each key with a timer at its first holder's expiry. */
+  const watched = new Map<string, { fns: Set<() => void>; timer: ReturnType<typeof setTimeout> | undefined }>();
   let pollTimer: ReturnType<typeof setInterval> | undefined;
   let lastVersion = -1;
   const notifyAll = (): void => {
     for (const fn of [...subscribers]) fn();
+  };
+
+  /** Arms the key's expiry timer at its first holder's expiry (a renewal moves it: the observer is then told spuriously). */
+  const armExpiry = (key: string): void => {
+    const w = watched.get(key);
+    if (!w) return;
+    if (w.timer) clearTimeout(w.timer);
+    w.timer = undefined;
+    let at: number | undefined;
+    try {
+      const row = st().nextExpiry.get(key, clock.epoch) as { at: bigint | null } | undefined;
+      at = row?.at === null || row?.at === undefined ? undefined : Number(row.at);
+    } catch {
+      return; // closed or unreadable: the next commit seen re-arms it
+    }
+    if (at === undefined) return;
+    w.timer = setTimeout(() => fireWatch(key), Math.max(0, at - clock.now()) + 1);
+    w.timer.unref();
+  };
+  const fireWatch = (key: string): void => {
+    const w = watched.get(key);
+    if (!w) return;
+    for (const fn of w.fns) queueMicrotask(fn);
+    armExpiry(key);
+  };
+  /** After our own commit: the keys whose holders it changed. (Other processes' commits reach every key, through data_version.) */
+  const flushChanges = (): void => {
+    const keys = [...changedKeys];
+    changedKeys.clear();
+    for (const key of keys) fireWatch(key);
   };
   const startPolling = (): void => {
     if (pollTimer || !db.open) return;
@@ -291,6 +369,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
         if (v !== lastVersion) {
           lastVersion = v;
           notifyAll();
+          for (const key of watched.keys()) fireWatch(key);
         }
       } catch {
         // The database was closed or is unreadable; waiters fall back to core's periodic re-check.
@@ -316,8 +395,11 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     }
     await init();
     try {
-      return await retryBusy(what, op);
+      const result = await retryBusy(what, op);
+      flushChanges();
+      return result;
     } catch (error) {
+      changedKeys.clear(); // rolled back
       throw mapError(what, error);
     }
   };
@@ -342,7 +424,9 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
         db
           .transaction(() => {
             purge(req.key, clock.now(), clock.epoch);
-            return st().deleteHolderWithToken.run(req.key, req.owner, req.token);
+            const result = st().deleteHolderWithToken.run(req.key, req.owner, req.token);
+            if (result.changes > 0) changedKeys.add(req.key);
+            return result;
           })
           .immediate(),
       );
@@ -359,7 +443,25 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       subscribers.add(onChange);
       return () => {
         subscribers.delete(onChange);
-        if (subscribers.size === 0) stopPolling();
+        if (subscribers.size === 0 && watched.size === 0) stopPolling();
+      };
+    },
+
+    /** Any commit to the database by another connection (data_version) or a change of the key by this one; and the key's expiries. */
+    async watch(key: string, onChange: () => void) {
+      await run('watch', () => startPolling());
+      let w = watched.get(key);
+      if (!w) watched.set(key, (w = { fns: new Set(), timer: undefined }));
+      w.fns.add(onChange);
+      armExpiry(key);
+      const entry = w;
+      return () => {
+        entry.fns.delete(onChange);
+        if (entry.fns.size === 0 && watched.get(key) === entry) {
+          if (entry.timer) clearTimeout(entry.timer);
+          watched.delete(key);
+        }
+        if (subscribers.size === 0 && watched.size === 0) stopPolling();
       };
     },
 
@@ -376,12 +478,14 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
               const delay = t && t.delay_epoch === clock.epoch ? Math.max(0, Number(t.delay_until) - now) : 0;
               const waiters = Number((s.countWaiters.get(key) as { n: number }).n);
               if (holders.length === 0 && waiters === 0 && delay === 0) continue;
+              const limit = holders.find((h) => h.permit_limit !== null)?.permit_limit;
               out.push({
                 key,
                 lastToken: t?.last_token ?? 0n,
                 holders: holders.map((h) => ({ mode: h.mode, token: h.token, holder: h.holder, expiresInMs: Math.max(0, Number(h.expires_at) - now) })),
                 waiters,
                 lockDelayRemainingMs: delay,
+                ...(limit !== undefined && limit !== null && { limit: Number(limit) }),
               });
             }
             return out;
@@ -396,9 +500,23 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       stopPolling();
       notifyAll();
       subscribers.clear();
+      for (const w of watched.values()) {
+        if (w.timer) clearTimeout(w.timer);
+        for (const fn of w.fns) fn();
+      }
+      watched.clear();
       if (ownsDb && db.open) db.close();
     },
   };
+}
+
+/**
+ * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
+ * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
+ */
+function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
+  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
+  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
 }
 
 function mapError(what: string, error: unknown): LeaseholdError {

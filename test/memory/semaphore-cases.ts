@@ -103,6 +103,22 @@ export function semaphoreCases(name: string, setup: () => Promise<SemaphoreSetup
       expect((await state(a, sharedKey))?.limit).toBeUndefined();
     });
 
+    it('a waiter asking again with a fresh place is refused, not kept waiting, once the key holds permits of another limit', async () => {
+      const [a, b] = [await connect(), await connect()];
+      const key = newKey();
+      const x = tokenOf(await a.acquire(permit(key, 'x', { mode: 'exclusive', limit: undefined })));
+      const p2 = permit(key, 'p2', { limit: 2, queue: true });
+      const w = permit(key, 'w', { limit: 3, queue: true });
+      expect((await b.acquire(p2)).granted).toBe(false);
+      expect((await b.acquire(permit(key, 'e', { mode: 'exclusive', limit: undefined, queue: true }))).granted).toBe(false);
+      expect((await b.acquire(w)).granted).toBe(false);
+      await a.release({ key, owner: 'x', token: x, mode: 'exclusive' });
+      tokenOf(await b.acquire(p2));
+      const lastToken = (await state(a, key))?.lastToken;
+      await expect(b.acquire(w)).rejects.toThrow(/semaphore of 2 permits.*3 permits/);
+      expect((await state(a, key))?.lastToken).toBe(lastToken);
+    });
+
     it('an exclusive request waits for every permit; an exclusive waiter ahead holds back later permits', async () => {
       const [a, b] = [await connect(), await connect()];
       const key = newKey();
