@@ -85,6 +85,14 @@ module.exports = {
       to: { pathNot: ['^src/core/', '^src/testing/', 'node_modules/vitest/'], dependencyTypesNot: ['core'] },
     },
     {
+      name: 'node-cron-imports-core-only',
+      severity: 'error',
+      comment:
+        "leasehold/node-cron is a RunCoordinator over Locks: it imports core, itself and Node's built-ins; node-cron's interface is written out (structural), so no package is loaded.",
+      from: { path: '^src/node-cron/' },
+      to: { pathNot: ['^src/core/', '^src/node-cron/'], dependencyTypesNot: ['core'] },
+    },
+    {
       name: 'verify-imports-no-cli',
       severity: 'error',
       comment: "verify returns results; mapping them to exit codes and output is the command line's job (shared helpers live in src/util).",
