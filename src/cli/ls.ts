@@ -13,11 +13,12 @@ export interface LsOptions {
 }
 
 /** Column headings of the table, in order. */
-export const LS_COLUMNS = Object.freeze(['KEY', 'MODE', 'TOKEN', 'HOLDER', 'EXPIRES IN', 'WAITERS', 'LOCK-DELAY']);
+export const LS_COLUMNS = Object.freeze(['KEY', 'MODE', 'LIMIT', 'TOKEN', 'HOLDER', 'EXPIRES IN', 'WAITERS', 'LOCK-DELAY']);
 
 /**
  * `leasehold ls`: the coordinator's view of keys under `prefix` (`locks.inspect`): one table row
- * per holder, plus one for each key that has waiters or a running lock-delay but no holder;
+ * per holder (LIMIT is a semaphore's limit, `-` for a plain lock; HOLDER is the grant's public
+ * label), plus one for each key that has waiters or a running lock-delay but no holder;
  * `(no leases)` when there is nothing. Expiry is the coordinator's own estimate (I7), not a
  * promise: a holder that stopped renewing is listed until the coordinator notices.
  *
@@ -35,9 +36,13 @@ export async function listLeases(o: LsOptions, write: (text: string) => void): P
   return 0;
 }
 
-/** JSON for scripts: the KeyState objects with every bigint (token) written as a decimal string. */
+/**
+ * JSON for scripts: the KeyState objects with every bigint (token) written as a decimal string, and
+ * `limit` always present (the semaphore's limit, null for a plain lock).
+ */
 export function toJson(states: readonly KeyState[]): string {
-  return JSON.stringify(states, (_name, value: unknown) => (typeof value === 'bigint' ? value.toString() : value), 2);
+  const withLimit = states.map((s) => ({ ...s, limit: s.limit ?? null }));
+  return JSON.stringify(withLimit, (_name, value: unknown) => (typeof value === 'bigint' ? value.toString() : value), 2);
 }
 
 /** The readable table, one line per holder (in token order); `(no leases)` when empty. */
@@ -46,13 +51,14 @@ export function renderTable(states: readonly KeyState[]): string {
   const rows: string[][] = [];
   for (const s of states) {
     const delay = s.lockDelayRemainingMs > 0 ? formatDuration(s.lockDelayRemainingMs) : '-';
+    const limit = s.limit === undefined ? '-' : String(s.limit);
     if (s.holders.length === 0) {
-      rows.push([shown(s.key), '-', '-', '(none)', '-', String(s.waiters), delay]);
+      rows.push([shown(s.key), '-', limit, '-', '(none)', '-', String(s.waiters), delay]);
       continue;
     }
     // In grant order: the store keeps holders in no particular order.
     for (const h of [...s.holders].sort((x, y) => (x.token < y.token ? -1 : x.token > y.token ? 1 : 0))) {
-      rows.push([shown(s.key), h.mode, h.token.toString(), h.holder, formatDuration(h.expiresInMs), String(s.waiters), delay]);
+      rows.push([shown(s.key), h.mode, limit, h.token.toString(), h.holder, formatDuration(h.expiresInMs), String(s.waiters), delay]);
     }
   }
   const table = [[...LS_COLUMNS], ...rows];

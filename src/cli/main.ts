@@ -2,7 +2,7 @@
 /**
  * The `leasehold` command:
  *
- * - `leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
+ * - `leasehold run KEY [--ttl 30s] [--wait 0] [--limit N] [--min-hold D] [--label TEXT] [--url URL] [--grace 10s] [--mode M] -- COMMAND ARGS…`
  * - `leasehold ls [PREFIX] [--url URL] [--json]`
  * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--port 7071]`
  * - `leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]`
@@ -16,6 +16,7 @@ import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { Command, type CommanderError, InvalidArgumentError as CommanderArgumentError, Option } from 'commander';
 import { InvalidArgumentError } from '../core/errors.js';
+import { checkLabel, MAX_LIMIT } from '../core/options.js';
 import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
 import { formatDuration, parseDuration } from '../util/duration.js';
 import { sleep } from '../util/sleep.js';
@@ -29,7 +30,7 @@ import { verifyCommand } from './verify.js';
 
 const USAGE = Object.freeze({
   program: 'leasehold <run|ls|demo|verify|dashboard> [options]   (leasehold --help)',
-  run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
+  run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--limit N] [--min-hold D] [--label TEXT] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
   ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
   demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--host 127.0.0.1] [--port 7071]',
   dashboard: 'leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]',
@@ -106,6 +107,9 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
       'Runs COMMAND (no shell) while holding the lease on KEY, renewed in the background, and releases it when COMMAND exits. ' +
         'COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER. When the lease is lost it gets SIGTERM, then SIGKILL after --grace. ' +
         'SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to it.\n\n' +
+        'With --limit N the lease is one permit of a semaphore: at most N instances run at once, each with its own token ' +
+        '(every instance must name the same N). With --min-hold D the key stays held until D after the grant even if COMMAND ends sooner, ' +
+        'so a machine whose cron fires a little later skips (with D longer than --ttl, leasehold stays until one ttl of the hold is left).\n\n' +
         "Exits with COMMAND's code (128+n if a signal killed it), 75 when KEY is busy, 69 when the coordinator is unreachable, " +
         '127 when COMMAND is not found, 64 for bad arguments.',
     )
@@ -118,24 +122,60 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     )
     .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
     .addOption(new Option('--grace <duration>', 'after a lost lease, time from SIGTERM to SIGKILL').default(10_000, '10s').argParser(durationOption('--grace')))
-    .addOption(new Option('--mode <mode>', 'exclusive (one holder) or shared (many)').choices(['exclusive', 'shared']).default('exclusive'));
+    .addOption(new Option('--mode <mode>', 'exclusive (one holder) or shared (many)').choices(['exclusive', 'shared']).default('exclusive'))
+    .addOption(
+      new Option('--limit <n>', `a semaphore permit: at most N holders of KEY at once, 1…${MAX_LIMIT} (Consul's lock -n)`).argParser(
+        integerOption(1, MAX_LIMIT),
+      ),
+    )
+    .addOption(
+      new Option('--min-hold <duration>', 'keep KEY held this long after the grant even if COMMAND ends sooner').argParser(durationOption('--min-hold')),
+    )
+    .addOption(new Option('--label <text>', "the grant's public label, shown by ls and the dashboard (default: the holder name)"));
   run.action(
-    action(USAGE.run, async (key: string, opts: { ttl: number; wait: number; url?: string; grace: number; mode: LockMode }, cmd: Command) => {
-      if (cmd.args.length > 1) throw usageError(`COMMAND goes after --, as in: leasehold run ${key} -- ${cmd.args.slice(1).join(' ')}`, USAGE.run);
-      if (commandLine === undefined || commandLine.length === 0) throw usageError('missing COMMAND after --', USAGE.run);
-      const [command, ...args] = commandLine as [string, ...string[]];
-      if (command.length === 0) throw usageError('COMMAND must not be empty', USAGE.run);
-      checkKey(key, 'KEY');
-      if (opts.ttl < MIN_TTL_MS) throw usageError(`--ttl must be at least ${MIN_TTL_MS}ms, got ${formatDuration(opts.ttl)}`, USAGE.run);
-      return runCommand({ key, command, args, ttlMs: opts.ttl, waitMs: opts.wait, graceMs: opts.grace, mode: opts.mode, url: opts.url }, (line) =>
-        process.stderr.write(`leasehold: ${line}\n`),
-      );
-    }),
+    action(
+      USAGE.run,
+      async (
+        key: string,
+        opts: { ttl: number; wait: number; url?: string; grace: number; mode: LockMode; limit?: number; minHold?: number; label?: string },
+        cmd: Command,
+      ) => {
+        if (cmd.args.length > 1) throw usageError(`COMMAND goes after --, as in: leasehold run ${key} -- ${cmd.args.slice(1).join(' ')}`, USAGE.run);
+        if (commandLine === undefined || commandLine.length === 0) throw usageError('missing COMMAND after --', USAGE.run);
+        const [command, ...args] = commandLine as [string, ...string[]];
+        if (command.length === 0) throw usageError('COMMAND must not be empty', USAGE.run);
+        checkKey(key, 'KEY');
+        if (opts.ttl < MIN_TTL_MS) throw usageError(`--ttl must be at least ${MIN_TTL_MS}ms, got ${formatDuration(opts.ttl)}`, USAGE.run);
+        // Checked here rather than by commander, whose message would quote a label with a newline over two lines.
+        if (opts.label !== undefined) checkLabel(opts.label, '--label');
+        // A permit is shared with its limit: an explicit --mode beside --limit is either redundant or a contradiction.
+        if (opts.limit !== undefined && cmd.getOptionValueSource('mode') === 'cli')
+          throw usageError('--limit and --mode do not go together: a permit of a semaphore is its own mode (leave --mode out)', USAGE.run);
+        return runCommand(
+          {
+            key,
+            command,
+            args,
+            ttlMs: opts.ttl,
+            waitMs: opts.wait,
+            graceMs: opts.grace,
+            mode: opts.mode,
+            url: opts.url,
+            limit: opts.limit,
+            minHoldMs: opts.minHold ?? 0,
+            label: opts.label,
+          },
+          (line) => process.stderr.write(`leasehold: ${line}\n`),
+        );
+      },
+    ),
   );
 
   guard(program.command('ls'), USAGE.ls)
     .summary('list current holders, tokens, expiry and waiters')
-    .description('Lists the holders of keys starting with PREFIX (all keys by default): KEY, MODE, TOKEN, HOLDER, EXPIRES IN, WAITERS, LOCK-DELAY.')
+    .description(
+      "Lists the holders of keys starting with PREFIX (all keys by default): KEY, MODE, LIMIT (a semaphore's, - for a plain lock), TOKEN, HOLDER (the grant's label), EXPIRES IN, WAITERS, LOCK-DELAY.",
+    )
     .argument('[PREFIX]', 'only keys starting with this')
     .addOption(new Option('--url <url>', 'coordinator URL: sqlite:PATH, memory:, ... (default: $LEASEHOLD_URL, else sqlite:./leasehold.db)'))
     .option('--json', 'print JSON (tokens as strings)')

@@ -6,6 +6,7 @@ import type { LockMode } from '../core/validate.js';
 import { createLocks } from '../index.js';
 import { formatDuration } from '../util/duration.js';
 import { signalExitCode } from '../util/process.js';
+import { sleep } from '../util/sleep.js';
 import { CliExit, EXIT, oneLine, shown } from './exit.js';
 
 /** Signals that `leasehold run` passes on to COMMAND instead of dying of them. */
@@ -25,6 +26,12 @@ export interface RunOptions {
   mode: LockMode;
   /** Coordinator URL; undefined means LEASEHOLD_URL, else the embedded SQLite store. */
   url: string | undefined;
+  /** A semaphore permit: at most `limit` holders of the key at once (mode is then ignored). Undefined: a plain lock. */
+  limit?: number | undefined;
+  /** The key stays held until this long after the grant even if COMMAND ends sooner (ShedLock's lockAtLeastFor). 0: released at once. */
+  minHoldMs?: number | undefined;
+  /** The grant's public label (shown by ls and the dashboard). Undefined: the client's holder name. */
+  label?: string | undefined;
 }
 
 /** How COMMAND ended: an exit (code or signal) or a failure to start it at all. */
@@ -38,6 +45,12 @@ type ChildOutcome = { code: number | null; signal: NodeJS.Signals | null } | { e
  * - 75 when the key is busy (at once with `waitMs` 0, after `waitMs` otherwise);
  * - 127 when COMMAND is not found, 126 when it cannot be executed;
  * - 128 + n when leasehold received signal n before COMMAND started.
+ *
+ * With `limit`, the lease is one permit of a semaphore (Consul's `lock -n`): at most `limit`
+ * instances run COMMAND at once, each with a token of its own. With `minHoldMs`, a COMMAND that ends
+ * sooner leaves the key held until `minHoldMs` after the grant (renewal stops, it then expires), so
+ * the same job fired a little later elsewhere skips; when more than one ttl of that hold is left,
+ * leasehold keeps the lease (renewed) until only one ttl is left, since nobody renews it after exit.
  *
  * COMMAND gets LEASEHOLD_KEY, LEASEHOLD_TOKEN and LEASEHOLD_SEQUENCER, so it can hand the fencing
  * token to the resources it writes. When the lease is lost (`lease.signal` aborts: a renewal found
@@ -83,6 +96,8 @@ export async function runCommand(o: RunOptions, warn: (line: string) => void): P
 
   try {
     const lease = await obtain(locks, o, beforeStart.signal);
+    // Read right after the grant: core's minimum hold counts from a moment a little earlier, never later.
+    const grantedAt = performance.now();
     try {
       if (received) throw new CliExit(signalExitCode(received), `interrupted by ${received} before ${shown(o.command)} started`);
       if (lease.signal.aborted) throw new CliExit(EXIT.TEMPFAIL, `${lossLine(lease)} before ${shown(o.command)} started`);
@@ -132,6 +147,7 @@ export async function runCommand(o: RunOptions, warn: (line: string) => void): P
         if (e.code === 'ENOENT') throw new CliExit(EXIT.NOT_FOUND, `${shown(o.command)}: command not found`);
         throw new CliExit(EXIT.CANNOT_EXECUTE, `${shown(o.command)}: cannot execute: ${oneLine(e.message)}`);
       }
+      await holdOn(lease, grantedAt, o);
       return outcome.code ?? signalExitCode(outcome.signal ?? 'SIGKILL');
     } finally {
       // After a loss or a second call this resolves and does nothing; a failure only costs the ttl.
@@ -147,9 +163,25 @@ export async function runCommand(o: RunOptions, warn: (line: string) => void): P
   }
 }
 
+/**
+ * A minimum hold longer than one ttl: nobody renews the lease once this process has exited, so it
+ * stays (the lease renewed in the background) until only one ttl of the hold is left; the release
+ * then keeps the key for exactly that rest. Returns at once when the lease is lost meanwhile.
+ */
+async function holdOn(lease: Lease, grantedAt: number, o: RunOptions): Promise<void> {
+  const waitMs = grantedAt + (o.minHoldMs ?? 0) - lease.ttlMs - performance.now();
+  if (waitMs <= 0 || !lease.held) return;
+  await sleep(waitMs, { signal: lease.signal });
+}
+
 /** Acquires per `waitMs`: one attempt when 0 (the cron case), else waits; busy becomes exit 75. */
 async function obtain(locks: Locks, o: RunOptions, signal: AbortSignal): Promise<Lease> {
-  const options = { ttlMs: o.ttlMs, mode: o.mode };
+  const options = {
+    ttlMs: o.ttlMs,
+    ...(o.limit === undefined ? { mode: o.mode } : { limit: o.limit }),
+    ...(o.minHoldMs ? { minHoldMs: o.minHoldMs } : {}),
+    ...(o.label === undefined ? {} : { label: o.label }),
+  };
   if (o.waitMs === 0) {
     const lease = await locks.tryAcquire(o.key, options);
     if (lease) return lease;
@@ -187,7 +219,8 @@ async function whoHolds(locks: Locks, key: string): Promise<string> {
   try {
     const state = (await locks.inspect(key)).find((s) => s.key === key);
     if (state && state.holders.length > 0) {
-      return `held by ${state.holders.map((h) => `${h.holder}, token ${h.token}`).join('; ')}`;
+      const holders = state.holders.map((h) => `${h.holder}, token ${h.token}`).join('; ');
+      return state.limit === undefined ? `held by ${holders}` : `all ${state.limit} permits held: by ${holders}`;
     }
     if (state && state.lockDelayRemainingMs > 0) {
       return `in lock-delay for another ${formatDuration(state.lockDelayRemainingMs)} after a lease expired unreleased`;

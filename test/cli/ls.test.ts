@@ -32,17 +32,18 @@ describe('leasehold ls', () => {
     expect(r).toMatchObject({ code: 0, stdout: '(no leases)\n', stderr: '' });
   });
 
-  it('prints one row per holder: KEY, MODE, TOKEN, HOLDER, EXPIRES IN, WAITERS, LOCK-DELAY', async () => {
+  it('prints one row per holder: KEY, MODE, LIMIT, TOKEN, HOLDER, EXPIRES IN, WAITERS, LOCK-DELAY', async () => {
     await locks.acquire('jobs:nightly', { ttlMs: 60_000 });
     const r = await runCli(['ls'], sb);
     expect(r.code).toBe(0);
     const table = rows(r.stdout);
-    expect(table[0]).toEqual(['KEY', 'MODE', 'TOKEN', 'HOLDER', 'EXPIRES IN', 'WAITERS', 'LOCK-DELAY']);
+    expect(table[0]).toEqual(['KEY', 'MODE', 'LIMIT', 'TOKEN', 'HOLDER', 'EXPIRES IN', 'WAITERS', 'LOCK-DELAY']);
     expect(table).toHaveLength(2);
-    const [key, mode, token, holder, expires, waiting, delay] = table[1]!;
-    expect({ key, mode, token, holder, waiting, delay }).toEqual({
+    const [key, mode, limit, token, holder, expires, waiting, delay] = table[1]!;
+    expect({ key, mode, limit, token, holder, waiting, delay }).toEqual({
       key: 'jobs:nightly',
       mode: 'exclusive',
+      limit: '-',
       token: '1',
       holder: 'test-holder',
       waiting: '0',
@@ -59,7 +60,7 @@ describe('leasehold ls', () => {
     expect(rows(all.stdout)).toHaveLength(4);
     const jobs = await runCli(['ls', 'jobs:'], sb);
     const table = rows(jobs.stdout);
-    expect(table.slice(1).map((r) => [r[0], r[1], r[2]])).toEqual([
+    expect(table.slice(1).map((r) => [r[0], r[1], r[3]])).toEqual([
       ['jobs:report', 'shared', '1'],
       ['jobs:report', 'shared', '2'],
     ]);
@@ -81,8 +82,27 @@ describe('leasehold ls', () => {
     );
     const [, row] = rows(out);
     expect(row?.[0]).toBe('fragile');
-    expect(row?.[3]).toBe('(none)');
-    expect(row?.[6]).toMatch(/^\d+s$/);
+    expect(row?.[4]).toBe('(none)');
+    expect(row?.[7]).toMatch(/^\d+s$/);
+  });
+
+  it("shows a semaphore's limit in LIMIT and each permit's label in HOLDER; --json includes the limit (null for a plain lock)", async () => {
+    await locks.acquire('api:quota', { ttlMs: 60_000, limit: 3, label: 'web-1' });
+    await locks.acquire('api:quota', { ttlMs: 60_000, limit: 3, label: 'web-2' });
+    await locks.acquire('plain', { ttlMs: 60_000 });
+    const r = await runCli(['ls'], sb);
+    expect(r.code).toBe(0);
+    const table = rows(r.stdout);
+    expect(table.slice(1).map((row) => [row[0], row[1], row[2], row[3], row[4]])).toEqual([
+      ['api:quota', 'shared', '3', '1', 'web-1'],
+      ['api:quota', 'shared', '3', '2', 'web-2'],
+      ['plain', 'exclusive', '-', '1', 'test-holder'],
+    ]);
+    const json = JSON.parse((await runCli(['ls', '--json'], sb)).stdout) as { key: string; limit: number | null; holders: { holder: string }[] }[];
+    expect(json.map((s) => [s.key, s.limit, s.holders.map((h) => h.holder)])).toEqual([
+      ['api:quota', 3, ['web-1', 'web-2']],
+      ['plain', null, ['test-holder']],
+    ]);
   });
 
   it('--json prints the holders with tokens as strings', async () => {
@@ -91,7 +111,14 @@ describe('leasehold ls', () => {
     expect(r.code).toBe(0);
     const parsed = JSON.parse(r.stdout) as unknown;
     expect(parsed).toMatchObject([
-      { key: 'jobs:nightly', lastToken: '1', waiters: 0, lockDelayRemainingMs: 0, holders: [{ mode: 'exclusive', token: '1', holder: 'test-holder' }] },
+      {
+        key: 'jobs:nightly',
+        lastToken: '1',
+        waiters: 0,
+        lockDelayRemainingMs: 0,
+        limit: null,
+        holders: [{ mode: 'exclusive', token: '1', holder: 'test-holder' }],
+      },
     ]);
     const empty = await runCli(['ls', '--json', 'zzz'], sb);
     expect(JSON.parse(empty.stdout)).toEqual([]);
