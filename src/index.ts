@@ -28,6 +28,16 @@ export { Locks, DEFAULTS, WAITING, type AcquireOptions, type LocksOptions } from
 export type { Lease } from './core/lease.js';
 export { Election, type ElectionOptions, type Leader } from './core/election.js';
 export {
+  createIdempotency,
+  Idempotency,
+  IDEMPOTENCY_DEFAULTS,
+  payloadHash,
+  type IdempotencyOptions,
+  type IdempotencyRecord,
+  type IdempotencyStore,
+  type IdempotentResult,
+} from './core/idempotency.js';
+export {
   LeaseholdError,
   AcquireTimeoutError,
   LeaseLostError,
@@ -35,6 +45,7 @@ export {
   InvalidArgumentError,
   BackendUnavailableError,
   PartialWriteError,
+  IdempotencyMismatchError,
   ClosedError,
   ERROR_CODES,
   isLeaseholdError,
@@ -59,5 +70,12 @@ export type {
 export type { LockEvents, LockEventName, AcquireFailure } from './core/events.js';
 export { systemClock, manualClock, skewedClock, type Clock, type ManualClock, type TimerHandle } from './core/clock.js';
 export { MAX_KEY_BYTES, MIN_TTL_MS, type LockMode } from './core/validate.js';
-export { memoryBackend, memoryFence, type MemoryBackendOptions, type MemoryFenceOptions } from './memory/index.js';
+export {
+  memoryBackend,
+  memoryFence,
+  memoryIdempotencyStore,
+  type MemoryBackendOptions,
+  type MemoryFenceOptions,
+  type MemoryIdempotencyStoreOptions,
+} from './memory/index.js';
 export { backendFromUrl, DEFAULT_URL } from './connect.js';

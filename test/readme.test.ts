@@ -161,6 +161,7 @@ describe('README', () => {
       new errors.BackendUnavailableError('sqlite', 'down'),
       new errors.PartialWriteError('r', 1n, 'committed by mutate'),
       new errors.ClosedError('Locks instance'),
+      new errors.IdempotencyMismatchError('k'),
     ];
     expect(instances.map((e) => e.code).sort()).toEqual(Object.keys(ERROR_CODES).sort());
     for (const e of instances) {

@@ -4,7 +4,15 @@
  * the same call may succeed if simply tried again later.
  */
 
-export type ErrorCode = 'ACQUIRE_TIMEOUT' | 'LEASE_LOST' | 'STALE_TOKEN' | 'INVALID_ARGUMENT' | 'BACKEND_UNAVAILABLE' | 'PARTIAL_WRITE' | 'CLOSED';
+export type ErrorCode =
+  | 'ACQUIRE_TIMEOUT'
+  | 'LEASE_LOST'
+  | 'STALE_TOKEN'
+  | 'INVALID_ARGUMENT'
+  | 'BACKEND_UNAVAILABLE'
+  | 'PARTIAL_WRITE'
+  | 'CLOSED'
+  | 'IDEMPOTENCY_MISMATCH';
 
 export abstract class LeaseholdError extends Error {
   abstract readonly code: ErrorCode;
@@ -162,6 +170,22 @@ export class ClosedError extends LeaseholdError {
   }
 }
 
+/**
+ * An idempotency key was used again with a different payload (its stable hash differs from the
+ * stored one): never a silent replay of another request's result (Stripe answers 422).
+ */
+export class IdempotencyMismatchError extends LeaseholdError {
+  override readonly name = 'IdempotencyMismatchError';
+  readonly code = 'IDEMPOTENCY_MISMATCH' as const;
+  readonly retryable = false;
+  readonly key: string;
+
+  constructor(key: string) {
+    super(`idempotency key ${JSON.stringify(key)} was used with a different payload`);
+    this.key = key;
+  }
+}
+
 /** Every error code with a one-line description; the README's error table is checked against this. */
 export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   ACQUIRE_TIMEOUT: 'acquire waited waitMs and the key stayed busy',
@@ -171,6 +195,7 @@ export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   BACKEND_UNAVAILABLE: 'the coordinator or store could not be reached or failed',
   PARTIAL_WRITE: 'a fenced write was partly applied: the mark was raised but not all of the mutation ran (no rollback)',
   CLOSED: 'the Locks instance or backend was closed; calls after close() and waits it interrupted reject with this',
+  IDEMPOTENCY_MISMATCH: 'an idempotency key was used again with a different payload; the stored result is not replayed',
 });
 
 export function isLeaseholdError(error: unknown): error is LeaseholdError {

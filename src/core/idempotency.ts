@@ -1,0 +1,182 @@
+import { createHash } from 'node:crypto';
+import { IdempotencyMismatchError, InvalidArgumentError } from './errors.js';
+import type { Lease } from './lease.js';
+import { checkKey, checkKnownOptions, checkObject, checkWait, checkTtl, checkInteger, describe, MAX_DURATION_MS } from './validate.js';
+
+/**
+ * What an idempotency store keeps per key: the attempt in progress (its claim) or the completed
+ * result, each written under the token of the lease that claimed the key, through a fence: a write
+ * under an older token than the last one is refused (StaleTokenError), so a zombie attempt cannot
+ * overwrite the result of the attempt that took over from it.
+ */
+export interface IdempotencyRecord {
+  readonly state: 'in-progress' | 'completed';
+  /** The token of the attempt that wrote the record. */
+  readonly token: bigint;
+  /** A stable hash of the request's payload (see `payloadHash`); '' when the call gave none. */
+  readonly payloadHash: string;
+  /** The result as JSON (completed records). */
+  readonly value?: string;
+}
+
+/** Where records live: one store per database (sqliteIdempotencyStore, postgresIdempotencyStore, redisIdempotencyStore). */
+export interface IdempotencyStore {
+  /** The record of `key`, or undefined (none, or a completed one whose keepMs ran out by the store's clock). */
+  get(key: string): Promise<IdempotencyRecord | undefined>;
+  /**
+   * Writes `record` (or deletes the key's record, with undefined) under `token`, fenced: refused
+   * with StaleTokenError when a newer token already wrote for the key; nothing changed then.
+   * `keepMs` is how long a completed record lives, counted by the store's own clock.
+   */
+  put(key: string, token: bigint, record: IdempotencyRecord | undefined, keepMs: number): Promise<void>;
+}
+
+export interface IdempotencyOptions {
+  /** The client whose leases claim the keys (the lock key is `idempotency:<key>`). */
+  locks: { acquire(key: string, options: Record<string, unknown>): Promise<Lease> };
+  store: IdempotencyStore;
+  /** The claim's lease ttl: how long a crashed attempt keeps the key before another may take over. @default 30000 */
+  ttlMs?: number;
+  /** How long a completed result is replayed. @default 86400000 (24 h) */
+  keepMs?: number;
+  /** How long a call waits for an attempt in progress (then AcquireTimeoutError). @default 10000 */
+  waitMs?: number;
+}
+
+export const IDEMPOTENCY_DEFAULTS = Object.freeze({
+  /** 30 s: as a lease's default; an attempt that pauses longer is taken over (and its late completion refused). */
+  ttlMs: 30_000,
+  /** 24 h: Stripe keeps idempotency keys for at least 24 hours; a retry after that runs again. */
+  keepMs: 86_400_000,
+  /** 10 s: a retry while the first attempt runs waits this long for its outcome. */
+  waitMs: 10_000,
+});
+
+/** The outcome of `run`: the value, whether it was replayed, and the token of the attempt that stored it. */
+export interface IdempotentResult<T> {
+  readonly value: T;
+  readonly replayed: boolean;
+  readonly token: bigint;
+}
+
+/**
+ * A stable hash of a JSON-serialisable payload: object keys sorted at every level, so `{a, b}` and
+ * `{b, a}` hash alike; sha256, hex. undefined (no payload) hashes to ''.
+ */
+export function payloadHash(payload: unknown): string {
+  if (payload === undefined) return '';
+  return createHash('sha256').update(stableJson(payload, 'payload')).digest('hex');
+}
+
+function stableJson(value: unknown, what: string): string {
+  const seen = new Set<unknown>();
+  const walk = (v: unknown): unknown => {
+    if (v === null || typeof v !== 'object') {
+      if (typeof v === 'bigint' || typeof v === 'function' || typeof v === 'symbol')
+        throw new InvalidArgumentError(what, `expected JSON-serialisable data, found a ${typeof v}`);
+      if (typeof v === 'number' && !Number.isFinite(v)) throw new InvalidArgumentError(what, `expected JSON-serialisable data, found ${v}`);
+      return v;
+    }
+    if (seen.has(v)) throw new InvalidArgumentError(what, 'expected JSON-serialisable data, found a cycle');
+    seen.add(v);
+    if (Array.isArray(v)) return v.map(walk);
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) {
+      const x = (v as Record<string, unknown>)[k];
+      if (x !== undefined) out[k] = walk(x);
+    }
+    seen.delete(v);
+    return out;
+  };
+  return JSON.stringify(walk(value));
+}
+
+/**
+ * Run once per key, replay the result, fence the takeover (issue 17). A call claims the key with a
+ * lease (`idempotency:<key>`) and writes an in-progress record under the lease's token through the
+ * store's fence; runs `fn(lease)`; stores its JSON result as completed under the same token. A later
+ * call within keepMs replays it. A call while an attempt runs waits for it (waitMs). When an attempt
+ * pauses past its ttl, the next call claims with a higher token, which raises the fence: the first
+ * attempt's late completion is refused (StaleTokenError to its caller), and the stored result is the
+ * new holder's.
+ */
+export class Idempotency {
+  readonly #locks: IdempotencyOptions['locks'];
+  readonly #store: IdempotencyStore;
+  readonly #ttlMs: number;
+  readonly #keepMs: number;
+  readonly #waitMs: number;
+
+  constructor(options: IdempotencyOptions) {
+    const o = checkObject(options, 'options');
+    checkKnownOptions(o, ['locks', 'store', 'ttlMs', 'keepMs', 'waitMs'], 'options');
+    if (typeof (o.locks as { acquire?: unknown } | undefined)?.acquire !== 'function')
+      throw new InvalidArgumentError('locks', `expected a Locks, got ${describe(o.locks)}`);
+    const store = o.store as IdempotencyStore | undefined;
+    if (typeof store?.get !== 'function' || typeof store.put !== 'function')
+      throw new InvalidArgumentError('store', `expected an idempotency store (get, put), got ${describe(o.store)}`);
+    this.#locks = o.locks as IdempotencyOptions['locks'];
+    this.#store = store;
+    this.#ttlMs = o.ttlMs === undefined ? IDEMPOTENCY_DEFAULTS.ttlMs : checkTtl(o.ttlMs, 'options.ttlMs');
+    this.#keepMs = o.keepMs === undefined ? IDEMPOTENCY_DEFAULTS.keepMs : checkInteger(o.keepMs, 'options.keepMs', 1, MAX_DURATION_MS);
+    this.#waitMs = o.waitMs === undefined ? IDEMPOTENCY_DEFAULTS.waitMs : checkWait(o.waitMs, 'options.waitMs');
+  }
+
+  /**
+   * Runs `fn` once for `key` and stores its result; replays it to later calls. `payload` (any JSON)
+   * is compared by a stable hash: a key used with another payload is IdempotencyMismatchError.
+   * `fn` throwing removes the claim (a retry runs again) and reaches the caller unchanged; a result
+   * that is not JSON-serialisable is an InvalidArgumentError (nothing stored).
+   */
+  async run<T>(key: string, options: { payload?: unknown } | undefined, fn: (lease: Lease) => T | Promise<T>): Promise<IdempotentResult<T>> {
+    checkKey(key, 'key');
+    const o = checkObject(options, 'options');
+    checkKnownOptions(o, ['payload'], 'options');
+    if (typeof fn !== 'function') throw new InvalidArgumentError('fn', `expected a function, got ${describe(fn)}`);
+    const hash = payloadHash(o.payload);
+
+    const stored = await this.#replay<T>(key, hash);
+    if (stored) return stored;
+    const lease = await this.#locks.acquire(`idempotency:${key}`, { ttlMs: this.#ttlMs, waitMs: this.#waitMs });
+    try {
+      // The attempt we waited for may have completed meanwhile.
+      const done = await this.#replay<T>(key, hash);
+      if (done) return done;
+      const current = await this.#store.get(key);
+      if (current && current.payloadHash !== hash) throw new IdempotencyMismatchError(key);
+      await this.#store.put(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#keepMs);
+      let value: T;
+      try {
+        value = await fn(lease);
+      } catch (error) {
+        // Give the key back so a retry runs again; a newer attempt's record is not ours to remove.
+        await this.#store.put(key, lease.token, undefined, this.#keepMs).catch(() => {});
+        throw error;
+      }
+      let json: string;
+      try {
+        json = stableJson(value === undefined ? null : value, 'result');
+      } catch (error) {
+        await this.#store.put(key, lease.token, undefined, this.#keepMs).catch(() => {});
+        throw error;
+      }
+      // Fenced: when this attempt was taken over, the newer one raised the mark and this is refused.
+      await this.#store.put(key, lease.token, { state: 'completed', token: lease.token, payloadHash: hash, value: json }, this.#keepMs);
+      return { value: JSON.parse(json) as T, replayed: false, token: lease.token };
+    } finally {
+      await lease.release().catch(() => {});
+    }
+  }
+
+  async #replay<T>(key: string, hash: string): Promise<IdempotentResult<T> | undefined> {
+    const record = await this.#store.get(key);
+    if (!record || record.state !== 'completed') return undefined;
+    if (record.payloadHash !== hash) throw new IdempotencyMismatchError(key);
+    return { value: JSON.parse(record.value ?? 'null') as T, replayed: true, token: record.token };
+  }
+}
+
+/** `createIdempotency({ locks, store, ttlMs?, keepMs?, waitMs? })`. */
+export function createIdempotency(options: IdempotencyOptions): Idempotency {
+  return new Idempotency(options);
+}
