@@ -170,7 +170,7 @@ export class Idempotency {
 
   async #replay<T>(key: string, hash: string): Promise<IdempotentResult<T> | undefined> {
     const record = await this.#store.get(key);
-    if (!record || record.state !== 'completed') return undefined;
+    if (record?.state !== 'completed') return undefined;
     if (record.payloadHash !== hash) throw new IdempotencyMismatchError(key);
     return { value: JSON.parse(record.value ?? 'null') as T, replayed: true, token: record.token };
   }
