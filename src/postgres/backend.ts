@@ -3,7 +3,7 @@ import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, 
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { Listener, type ListenConnection } from './listener.js';
-import { SCHEMA_VERSION, schemaNames, schemaStatements, type PostgresSchemaOptions } from './schema.js';
+import { LIMIT_CONFLICT_STATE, SCHEMA_VERSION, schemaNames, schemaStatements, type PostgresSchemaOptions } from './schema.js';
 import { checkPool, createOnce, mapPgError, type PgClient, type PgPool } from './util.js';
 
 export interface PostgresBackendOptions extends PostgresSchemaOptions {
@@ -81,12 +81,15 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
   /** Whether the acquire function carries our schema version (its comment); NULL when it does not exist. */
   const SCHEMA_CHECK = `SELECT obj_description(to_regproc($1), 'pg_proc') AS version`;
   const ACQUIRE = `SELECT granted, token::text AS token, holder, retry_in_ms::text AS retry_in_ms, version::text AS version, seq::text AS seq
-    FROM ${n.acquireFn}($1, $2, $3, $4::bigint, $5::bigint, $6, $7::boolean, $8::bigint)`;
+    FROM ${n.acquireFn}($1, $2, $3, $4::bigint, $5::bigint, $6, $7::boolean, $8::bigint, $9::integer)`;
   /** Renewal: one UPDATE, only while the holder has not expired by the server's clock (I4, I7). */
   const RENEW = `UPDATE ${n.holders} SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
     WHERE key = $1 AND owner = $2 AND token = $3::bigint AND expires_at > clock_timestamp()`;
   const RELEASE = `SELECT ${n.releaseFn}($1, $2, $3::bigint) AS released`;
   const CANCEL = `SELECT ${n.cancelFn}($1, $2) AS left_queue`;
+  /** When the key's first live holder expires, by the server's clock: a watch's timer (an expiry sends no NOTIFY). */
+  const NEXT_EXPIRY = `SELECT ceil(extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000)::bigint::text AS ms
+    FROM ${n.holders} WHERE key = $1 AND expires_at > clock_timestamp()`;
   /** The key's change counter, compared with a busy answer's cursor when a waiter subscribes. */
   const VERSION = `SELECT version::text AS version FROM ${n.keys} WHERE key = $1`;
   /** Read-only: expired rows are left for the next write to purge, and judged expired here by the server's clock. */
@@ -103,12 +106,13 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
             'expiresInMs', ceil(extract(epoch FROM h.expires_at - t.now) * 1000)) ORDER BY h.token), '[]'::json)
           FROM ${n.holders} h WHERE h.key = k.key AND h.expires_at > t.now) AS holders,
         (SELECT count(*) FROM ${n.waiters} w WHERE w.key = k.key AND w.expires_at > t.now) AS waiters,
+        (SELECT max(h.permit_limit) FROM ${n.holders} h WHERE h.key = k.key AND h.expires_at > t.now AND h.mode = 'shared') AS permit_limit,
         greatest(0, ceil(extract(epoch FROM greatest(k.delay_until,
           (SELECT max(h.expires_at + h.lock_delay_ms * interval '1 millisecond') FROM ${n.holders} h
             WHERE h.key = k.key AND h.expires_at <= t.now AND h.lock_delay_ms > 0)) - t.now) * 1000)) AS delay_ms
       FROM listed JOIN ${n.keys} k USING (key), t
     )
-    SELECT key, last_token::text AS last_token, holders, waiters::integer AS waiters, coalesce(delay_ms, 0)::bigint::text AS delay_ms
+    SELECT key, last_token::text AS last_token, holders, waiters::integer AS waiters, coalesce(delay_ms, 0)::bigint::text AS delay_ms, permit_limit
     FROM states WHERE json_array_length(holders) > 0 OR waiters > 0 OR delay_ms > 0
     ORDER BY key`;
 
@@ -190,7 +194,17 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
-      const [r] = await query('acquire', ACQUIRE, [req.key, req.owner, req.mode, req.ttlMs, req.lockDelayMs, req.holder, req.queue, req.queueTtlMs]);
+      const limit = req.mode === 'shared' ? (req.limit ?? null) : null;
+      await init();
+      let r: Record<string, unknown> | undefined;
+      try {
+        [r] = (await pool.query(ACQUIRE, [req.key, req.owner, req.mode, req.ttlMs, req.lockDelayMs, req.holder, req.queue, req.queueTtlMs, limit])).rows;
+      } catch (error) {
+        if (sqlState(error) !== LIMIT_CONFLICT_STATE) throw mapError('acquire', error);
+        const detail = (error as { detail?: unknown }).detail;
+        const held = typeof detail === 'string' && /^[0-9]+$/.test(detail) ? Number(detail) : undefined;
+        throw new InvalidArgumentError('limit', limitConflict(req.key, held, req.limit), { cause: error });
+      }
       if (!r) throw new BackendUnavailableError('postgres', 'acquire returned no row');
       if (r.granted === true) return { granted: true, token: BigInt(r.token as string), ttlMs: req.ttlMs };
       const busy: { granted: false; holder?: string; retryInMs?: number; cursor?: unknown } = { granted: false };
@@ -226,6 +240,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
         })),
         waiters: Number(r.waiters),
         lockDelayRemainingMs: Number(r.delay_ms),
+        ...(typeof r.permit_limit === 'number' && { limit: r.permit_limit }),
       }));
     },
 
@@ -263,8 +278,72 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       }
       return off;
     };
+
+    /**
+     * Every NOTIFY of the key (grants, releases, queue changes, purges), from the backend's one
+     * LISTEN connection; and a timer at the first holder's expiry, which sends no NOTIFY (a
+     * renewal moves it without one: the observer is then told spuriously, about once per ttl).
+     */
+    backend.watch = async (key: string, onChange: () => void): Promise<() => void> => {
+      await init();
+      let ended = false;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      let arming: Promise<void> | undefined;
+      let again = false;
+      const arm = (): void => {
+        if (arming) {
+          again = true; // one look after the one in flight, not one per notification
+          return;
+        }
+        arming = pool
+          .query(NEXT_EXPIRY, [key])
+          .then(({ rows }) => {
+            if (ended) return;
+            if (timer) clearTimeout(timer);
+            timer = undefined;
+            const ms = rows[0]?.ms;
+            if (typeof ms !== 'string') return;
+            timer = setTimeout(fire, Math.max(0, Number(ms)) + 1);
+            timer.unref();
+          })
+          .catch(() => {}) // the next notification (or the listener's reconnection) looks again
+          .finally(() => {
+            arming = undefined;
+            if (again && !ended) {
+              again = false;
+              arm();
+            }
+          });
+      };
+      const fire = (): void => {
+        if (ended) return;
+        onChange();
+        arm();
+      };
+      let off: () => void;
+      try {
+        off = await listener.add(key, fire);
+      } catch (error) {
+        throw mapError('listen', error);
+      }
+      arm();
+      return () => {
+        ended = true;
+        if (timer) clearTimeout(timer);
+        off();
+      };
+    };
   }
   return backend;
+}
+
+/**
+ * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
+ * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
+ */
+function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
+  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
+  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
 }
 
 /** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */

@@ -86,6 +86,8 @@ export class Listener {
    * Resolves once LISTEN is active and `onChange` registered for `key`, with a function that ends
    * it. `seq` is the caller's place in the key's queue, if it has one: it is then woken only by
    * notifications that reach its place (seqs only grow, so an old seq errs towards waking).
+   * Without `seq` (a watcher) it hears every notification of the key, including the `0:` of a grant
+   * that no queued waiter needs to hear of.
    */
   async add(key: string, onChange: () => void, seq?: bigint): Promise<() => void> {
     this.#clearIdle();

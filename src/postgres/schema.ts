@@ -12,7 +12,18 @@ import { checkPgIdentifier, quotePg } from './util.js';
  * the acquire function to decide whether its DDL has to run. (A function whose result columns
  * change needs a DROP FUNCTION first: CREATE OR REPLACE cannot change them.)
  */
-export const SCHEMA_VERSION = 'leasehold-locks/2';
+export const SCHEMA_VERSION = 'leasehold-locks/3';
+
+/**
+ * SQLSTATE of the acquire function's refusal of a limit the key does not have (see
+ * `AcquireRequest.limit`); its DETAIL is the key's limit, or `none` for plain shared holders. The
+ * error rolls the call back: nothing is written.
+ */
+export const LIMIT_CONFLICT_STATE = 'LH001';
+
+/** The acquire function's argument types before semaphore permits (leasehold-locks/2), dropped by the DDL. */
+const ACQUIRE_ARGS_V2 = 'text, text, text, bigint, bigint, text, boolean, bigint';
+const ACQUIRE_ARGS = `${ACQUIRE_ARGS_V2}, integer`;
 
 /** Longest table name: the derived names (`<table>_waiters`, `<table>_acquire`, …) must stay within PostgreSQL's 63 bytes. */
 const MAX_TABLE_NAME = 50;
@@ -121,8 +132,13 @@ export function schemaStatements(n: SchemaNames): string[] {
   acquired_at timestamptz NOT NULL,
   expires_at timestamptz NOT NULL,
   lock_delay_ms bigint NOT NULL DEFAULT 0 CHECK (lock_delay_ms >= 0),
+  permit_limit integer CHECK (permit_limit BETWEEN 1 AND 10000),
   PRIMARY KEY (key, owner)
 )`,
+
+    // A semaphore permit's limit next to its holder (NULL: a plain lock); tables made before
+    // permits get it here (rows written before read as plain locks).
+    `ALTER TABLE ${n.holders} ADD COLUMN IF NOT EXISTS permit_limit integer CHECK (permit_limit BETWEEN 1 AND 10000)`,
 
     `CREATE TABLE IF NOT EXISTS ${n.waiters} (
   key text COLLATE "C" NOT NULL,
@@ -136,7 +152,8 @@ export function schemaStatements(n: SchemaNames): string[] {
     // Tells the key's waiters that it may have become free. The payload is `<upto>:<key>`: only
     // queued waiters with seq <= upto could be granted now (the exclusive head of the queue, or the
     // run of shared waiters at its head), so the others are not woken for nothing; `*` (nobody
-    // queued) wakes every subscriber of the key.
+    // queued) wakes every subscriber of the key. (A grant that changes nothing for waiters sends
+    // `0:<key>`, which wakes only the key's watchers, subscribers without a queue place.)
     `CREATE OR REPLACE FUNCTION ${n.notifyFn}(p_key text)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
@@ -155,14 +172,18 @@ $fn$`,
 
     // The whole grant in one call. A busy answer that changes nothing (a live incompatible holder,
     // the caller's queue place still fresh) is read from one snapshot without locking or writing.
+    // A permit (p_limit set, p_mode 'shared') also conflicts with p_limit live permits, and is
+    // refused (LIMIT_CONFLICT_STATE, rolled back) when the key's shared holders have another limit.
     // Otherwise: lock the key's row (created on first use), purge expired holders (starting their
     // lock-delay, I8) and queue places, check compatibility, lock-delay and the queue, then either
     // raise the token and insert the holder in the same transaction (I1, I2), or refresh the
     // caller's place in the queue and say when to retry. Expiry instants come from this server's
     // clock only (I7); the client sends durations.
+    `DROP FUNCTION IF EXISTS ${n.acquireFn}(${ACQUIRE_ARGS_V2})`,
+
     `CREATE OR REPLACE FUNCTION ${n.acquireFn}(
   p_key text, p_owner text, p_mode text, p_ttl_ms bigint, p_lock_delay_ms bigint, p_holder text,
-  p_queue boolean, p_queue_ttl_ms bigint
+  p_queue boolean, p_queue_ttl_ms bigint, p_limit integer
 ) RETURNS TABLE (granted boolean, token bigint, holder text, retry_in_ms bigint, version bigint, seq bigint)
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
 DECLARE
@@ -180,6 +201,9 @@ DECLARE
   v_changed boolean;
   v_live_delay timestamptz;
   v_soonest timestamptz;
+  v_count bigint;
+  v_mismatch boolean;
+  v_held_limit integer;
 BEGIN
   -- Fast path: busy, nothing to purge, nothing to refresh (one statement, one snapshot, no write).
   SELECT k.version, k.delay_until, w.seq,
@@ -188,8 +212,12 @@ BEGIN
     INTO v_version, v_delay, v_my_seq, v_holder, v_first_expiry
     FROM ${n.keys} k LEFT JOIN ${n.waiters} w ON w.key = k.key AND w.owner = p_owner
     WHERE k.key = p_key
-      AND EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now
-                  AND (p_mode = 'exclusive' OR h.mode = 'exclusive'))
+      AND (EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now
+                   AND (p_mode = 'exclusive' OR h.mode = 'exclusive'))
+           OR (p_limit IS NOT NULL
+               AND (SELECT count(*) FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now) >= p_limit
+               AND NOT EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now
+                               AND h.permit_limit IS DISTINCT FROM p_limit)))
       AND NOT EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.key = p_key AND h.owner = p_owner)
       AND (NOT p_queue OR w.expires_at > v_now + p_queue_ttl_ms * interval '1 millisecond' * 2 / 3);
 
@@ -208,8 +236,9 @@ BEGIN
     -- lost gets its own grant back, its expiry counted from this request: I5), does anyone
     -- conflict, who holds, when does the first expire.
     SELECT max(h.token) FILTER (WHERE h.owner = p_owner), coalesce(bool_or(p_mode = 'exclusive' OR h.mode = 'exclusive'), false),
-           (array_agg(h.holder ORDER BY h.token))[1], min(h.expires_at)
-      INTO v_token, v_conflict, v_holder, v_first_expiry
+           (array_agg(h.holder ORDER BY h.token))[1], min(h.expires_at), count(*),
+           coalesce(bool_or(p_mode = 'shared' AND h.mode = 'shared' AND h.permit_limit IS DISTINCT FROM p_limit), false), max(h.permit_limit)
+      INTO v_token, v_conflict, v_holder, v_first_expiry, v_count, v_mismatch, v_held_limit
       FROM ${n.holders} h WHERE h.key = p_key;
     IF v_token IS NOT NULL THEN
       UPDATE ${n.holders} h SET expires_at = v_now + p_ttl_ms * interval '1 millisecond' WHERE h.key = p_key AND h.owner = p_owner;
@@ -221,12 +250,23 @@ BEGIN
       RETURN;
     END IF;
 
-    -- A queued request goes when everyone ahead of it could go with it (shared behind shared); a
-    -- request that will not wait (tryAcquire) never barges past waiters.
+    -- The key records its limit while held: another one is refused, and the call rolled back.
+    IF v_mismatch THEN
+      RAISE EXCEPTION 'leasehold: the key holds permits of another limit' USING ERRCODE = ${literal(LIMIT_CONFLICT_STATE)},
+        DETAIL = coalesce(v_held_limit::text, 'none');
+    END IF;
+    v_conflict := v_conflict OR (p_limit IS NOT NULL AND v_count >= p_limit);
+
+    -- A queued request goes when everyone ahead of it could go with it (shared behind shared), a
+    -- permit only when fewer waiters are ahead of it than free places; a request that will not wait
+    -- (tryAcquire) never barges past waiters.
     SELECT me.seq, EXISTS (
         SELECT 1 FROM ${n.waiters} w
         WHERE w.key = p_key AND w.owner <> p_owner AND (me.seq IS NULL OR w.seq < me.seq)
           AND (NOT p_queue OR p_mode = 'exclusive' OR w.mode = 'exclusive'))
+        OR (p_limit IS NOT NULL AND (
+          SELECT count(*) FROM ${n.waiters} w
+          WHERE w.key = p_key AND w.owner <> p_owner AND (me.seq IS NULL OR w.seq < me.seq)) >= p_limit - v_count)
       INTO v_my_seq, v_blocked
       FROM (SELECT (SELECT w.seq FROM ${n.waiters} w WHERE w.key = p_key AND w.owner = p_owner) AS seq) me;
 
@@ -236,17 +276,20 @@ BEGIN
         v_changed := true;
       END IF;
       -- After an exclusive grant nobody else can go: waiters hear only of shared grants (the next
-      -- shared waiter may join), and the version moves only when they hear.
+      -- shared waiter may join), and the version moves only when they hear. Watchers hear of every grant.
       v_changed := v_changed AND p_mode = 'shared';
       UPDATE ${n.keys} k
         SET last_token = k.last_token + 1, delay_until = v_delay,
             version = k.version + CASE WHEN v_changed THEN 1 ELSE 0 END
         WHERE k.key = p_key
         RETURNING k.last_token INTO v_token;
-      INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms)
-        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + p_ttl_ms * interval '1 millisecond', p_lock_delay_ms);
+      INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms, permit_limit)
+        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + p_ttl_ms * interval '1 millisecond', p_lock_delay_ms,
+                CASE WHEN p_mode = 'shared' THEN p_limit END);
       IF v_changed THEN
         PERFORM ${n.notifyFn}(p_key);
+      ELSE
+        PERFORM pg_notify(${literal(n.channel)}, '0:' || p_key);
       END IF;
       RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
       RETURN;
@@ -325,7 +368,7 @@ BEGIN
 END
 $fn$`,
 
-    `COMMENT ON FUNCTION ${n.acquireFn}(text, text, text, bigint, bigint, text, boolean, bigint) IS ${literal(SCHEMA_VERSION)}`,
+    `COMMENT ON FUNCTION ${n.acquireFn}(${ACQUIRE_ARGS}) IS ${literal(SCHEMA_VERSION)}`,
   ];
 }
 
