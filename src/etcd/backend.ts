@@ -12,16 +12,19 @@
  */
 import { Etcd3, type ICompare, type IRequestOp } from './driver.js';
 import type { AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
+import { InvalidArgumentError } from '../core/errors.js';
 import type { LockMode } from '../core/validate.js';
 import { FollowUps } from './follow-ups.js';
 import { KeyLayout, encodePart, rangeEnd } from './keys.js';
-import { RequestNames } from './names.js';
+import { RequestNames, type RequestName } from './names.js';
 import { checkEtcdOptions, type EtcdBackendOptions } from './options.js';
 import { LeaderRoute } from './route.js';
 import { cmp, deadline, deletedKvs, isLeaseNotFound, keepAliveOnce, mapError, op, ownClientOptions, readKvs, revoke, type EtcdClient } from './rpc.js';
 import { DELAY_MARGIN_S, SessionTable } from './sessions.js';
 import {
   ahead,
+  conflict,
+  conflictMessage,
   delayValue,
   entryValue,
   freeKeyGuards,
@@ -104,6 +107,19 @@ interface EtcdBackendParts {
  * place ends with its session (its ttl); a waiter that gives up deletes its entry (`cancelWait`,
  * retried in the background until done), and one whose call failed with an unknown outcome and
  * that does not ask again is cleaned up after 2 s.
+ *
+ * **Semaphore permits** (`limit`). A permit request is a key `<prefix><key>/q/p/<name>`, its limit
+ * in the value: granted when no exclusive request and no shared request of another kind (a plain
+ * shared one, a permit of another limit) is ahead of it and fewer than its limit of permits are
+ * (it is among the first N), so each permit's token is its own create revision. The first permit
+ * on a free key is granted by the first transaction (guard: the whole queue empty); the next ones
+ * by their place, which the same transaction writes and reads back with the queue (one round trip),
+ * or, not queued, by a transaction guarded on the view it read (no exclusive or plain shared
+ * request, no permit created since: fewer than N are still there). A waiter is handed its permit
+ * when fewer than N permits are ahead of it, whichever of them leaves. A shared request that finds
+ * holders of another kind is refused (`InvalidArgumentError` naming both), and the place the first
+ * transaction wrote for it is deleted before the answer. A plain shared grant's guards require no
+ * permit request, so it can never slip in next to permits.
  *
  * **Fencing token = the create revision of the request's key.** etcd's revision is a cluster-wide
  * counter, raised by every write, agreed through raft and persisted before a write is
@@ -220,9 +236,24 @@ class EtcdBackend implements Backend {
   async #dropIfCancelled(req: AcquireRequest): Promise<boolean> {
     const nm = this.#names.get(req.owner);
     if (!nm?.cancelled || nm.key !== req.key) return false;
-    const p = this.#pending.get(req.owner);
+    await this.#drop(req, nm);
+    return true;
+  }
+
+  /**
+   * Deletes everything a request wrote under its name (its place, a grant) and revokes its lock
+   * lease (the pending one, and `p`'s: granted in this call, maybe not pending yet). The name goes
+   * back for reuse once deleted, when no other call of the owner still runs.
+   */
+  async #drop(req: AcquireRequest, nm: RequestName, p?: Pending): Promise<void> {
+    const pending = this.#pending.get(req.owner);
     this.#pending.delete(req.owner);
-    if (p?.lockLease) this.#revokeLater(p.lockLease.id, p.delayLease);
+    for (const q of new Set([pending, p])) {
+      if (!q?.lockLease) continue;
+      this.#revokeLater(q.lockLease.id, q.delayLease);
+      q.lockLease = undefined;
+      q.delayLease = undefined;
+    }
     const layout = new KeyLayout(this.#prefix, req.key);
     const attempt = () => this.#deleteNamed(layout, nm.name);
     const deleted = await attempt().then(
@@ -232,7 +263,6 @@ class EtcdBackend implements Backend {
     // The last call of the owner has ended: nothing more can be written under the name, which goes
     // back for reuse once deleted (a call that failed with an unknown outcome tainted it).
     if ((this.#running.get(req.owner) ?? 0) <= 1) this.#names.done(req.owner, deleted);
-    return true;
   }
 
   async #acquire(req: AcquireRequest): Promise<AcquireResult> {
@@ -243,8 +273,10 @@ class EtcdBackend implements Backend {
     const now = performance.now();
     this.#forgetStale(now);
     const layout = new KeyLayout(this.#prefix, req.key);
+    // A semaphore permit's limit; undefined for a plain lock.
+    const limit = req.mode === 'shared' ? req.limit : undefined;
     const nm = this.#names.for(req);
-    const entryKey = layout.entry(req.mode, nm.name);
+    const entryKey = layout.entry(req.mode, nm.name, limit !== undefined);
     let p = this.#pending.get(req.owner);
     if (p && (p.key !== req.key || p.mode !== req.mode)) p = undefined;
     p ??= { key: req.key, mode: req.mode, touchedAt: now };
@@ -264,8 +296,8 @@ class EtcdBackend implements Backend {
       nm.session = req.session;
       nm.ownUntil = hold.own ? performance.now() + hold.ttlMs + this.#timeoutMs : undefined;
       const base = op.getRange(layout.base, rangeEnd(Buffer.from(layout.base)));
-      const value = entryValue(req.holder, hold.own, false);
-      const grantedValue = entryValue(req.holder, hold.own, true);
+      const value = entryValue(req.holder, hold.own, false, limit);
+      const grantedValue = entryValue(req.holder, hold.own, true, limit);
       const granted = (token: bigint): AcquireResult => {
         this.#pending.delete(req.owner);
         return { granted: true, token, ttlMs: hold.ttlMs };
@@ -273,6 +305,21 @@ class EtcdBackend implements Backend {
       // A waiter may be handed its grant without a write only on its session without lock-delay (see `follower`).
       const handOff = req.lockDelayMs === 0 ? req.session : undefined;
       const waiter = (view: View, own: Entry): Waiter => ({ prefix: this.#prefix, layout, view, own, mode: req.mode, session: handOff });
+      // A shared request on a key held by shared holders of another kind (another limit, a permit
+      // against plain shared or the reverse) is refused, and what it wrote (its place) is deleted first.
+      const refuseConflict = async (view: View): Promise<void> => {
+        const held = conflict(
+          view,
+          view.entries.find((e) => e.key === entryKey),
+          req.mode,
+          limit,
+        );
+        if (!held) return;
+        // An earlier call of the owner still running may write under the name after this: it deletes again when it ends.
+        if ((this.#running.get(req.owner) ?? 0) > 1) nm.cancelled = true;
+        await this.#drop(req, nm, p);
+        throw new InvalidArgumentError('limit', conflictMessage(req.key, held.limit, limit));
+      };
 
       let view: View | undefined;
       for (let round = 0; round < MAX_ROUNDS; round++) {
@@ -289,18 +336,19 @@ class EtcdBackend implements Backend {
             const success = [op.put(entryKey, grantedValue, hold.id)];
             if (delayLease !== undefined) success.push(op.put(layout.delay(nm.name), delayValue(req.holder, undefined), delayLease));
             const enqueue: IRequestOp[] = req.queue ? [op.txn([cmp.createdAt(entryKey, 0n)], [op.put(entryKey, value, hold.id)])] : [];
-            const r = await this.#txn('acquire', freeKeyGuards(layout, req.mode, entryKey), success, [...enqueue, base]);
+            const r = await this.#txn('acquire', freeKeyGuards(layout, req.mode, entryKey, limit), success, [...enqueue, base]);
             if (r.succeeded) return granted(BigInt(r.header.revision));
             view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
           }
         }
+        await refuseConflict(view);
         const own = view.entries.find((e) => e.key === entryKey);
         if (own) {
           // Granted when nothing is ahead of our entry at a linearizable read: nobody can get ahead of
           // it later (later requests have later revisions), so this stays true until we release.
           // Our entry is read in the same step, so a waiter whose lease expired while it waited is
           // not granted (etcd issue 11456).
-          if (!grantable(view, own, req.mode)) {
+          if (!grantable(view, own, req.mode, limit)) {
             if (!req.queue) break;
             return await this.#wait(req.owner, p, waiter(view, own));
           }
@@ -335,14 +383,15 @@ class EtcdBackend implements Backend {
         }
         // Not queued (tryAcquire, fair: false), nothing in our way that the first guards did not
         // allow for: shared next to shared holders with lock-delay markers. Guarded grant.
-        if (!grantable(view, undefined, req.mode)) break;
+        if (!grantable(view, undefined, req.mode, limit)) break;
         const success = [op.put(entryKey, grantedValue, hold.id)];
         if (delayLease !== undefined) success.push(op.put(layout.delay(nm.name), delayValue(req.holder, undefined), delayLease));
-        const r = await this.#txn('acquire', viewGuards(layout, view, req.mode, entryKey), success, [base]);
+        const r = await this.#txn('acquire', viewGuards(layout, view, req.mode, entryKey, limit), success, [base]);
         if (r.succeeded) return granted(BigInt(r.header.revision));
         view = parseView(this.#prefix, readKvs(r), BigInt(r.header.revision));
       }
       if (!view) view = await this.#read(layout);
+      await refuseConflict(view);
       const own = view.entries.find((e) => e.key === entryKey);
       if (req.queue && own) return await this.#wait(req.owner, p, waiter(view, own));
       if (own) {
@@ -436,7 +485,7 @@ class EtcdBackend implements Backend {
     const holder = holders(view)[0]?.holder ?? orphans(view)[0]?.holder;
     let retryInMs: number | undefined;
     const delays = orphans(view);
-    if (ahead(view, own, mode).length === 0 && delays.length > 0) {
+    if (ahead(view, own, mode, own?.limit).length === 0 && delays.length > 0) {
       // Blocked only by lock-delay: it ends when the last marker's lease expires.
       const ttls = await Promise.all(delays.map((d) => this.#remainingMs(d.lease)));
       retryInMs = Math.max(0, ...ttls);
@@ -453,7 +502,7 @@ class EtcdBackend implements Backend {
     const layout = new KeyLayout(this.#prefix, req.key);
     const nm = this.#names.get(req.owner);
     const name = this.#names.of(req.key, req.owner);
-    const entryKey = layout.entry(req.mode, name);
+    const entryKey = layout.entry(req.mode, name, nm?.permit);
     try {
       const r = await this.#txn('renew', [], [op.get(entryKey), op.get(layout.delay(name))], []);
       const kvs = readKvs(r);
@@ -483,7 +532,7 @@ class EtcdBackend implements Backend {
     if (req.token < 1n) return;
     const layout = new KeyLayout(this.#prefix, req.key);
     const name = this.#names.of(req.key, req.owner);
-    const entryKey = layout.entry(req.mode, name);
+    const entryKey = layout.entry(req.mode, name, this.#names.get(req.owner)?.permit);
     this.#pending.delete(req.owner);
     // Only the holder's own entry, at its token (I4); its lock-delay marker goes in the same step (no delay after a release).
     let released = false;
@@ -536,9 +585,10 @@ class EtcdBackend implements Backend {
     }
   }
 
-  /** Deletes every key of one request (either mode, and its lock-delay marker): the keys under its name are its alone. */
+  /** Deletes every key of one request (any mode, a permit, and its lock-delay marker): the keys under its name are its alone. */
   async #deleteNamed(layout: KeyLayout, name: string): Promise<void> {
-    await this.#txn('delete request', [], [op.del(layout.entry('exclusive', name)), op.del(layout.entry('shared', name)), op.del(layout.delay(name))], []);
+    const entries = [layout.entry('exclusive', name), layout.entry('shared', name), layout.entry('shared', name, true)];
+    await this.#txn('delete request', [], [...entries.map((k) => op.del(k)), op.del(layout.delay(name))], []);
   }
 
   /** The caller did not come back after a call that failed with an unknown outcome (see `FollowUps.abandonLater`): delete what it may have written. */

@@ -6,6 +6,7 @@
  * ```
  * <prefix><enc key>/q/e/<name>   an exclusive request: a waiter, then the holder
  * <prefix><enc key>/q/s/<name>   a shared request
+ * <prefix><enc key>/q/p/<name>   a semaphore permit request (a shared request with a limit, in its value)
  * <prefix><enc key>/d/<name>     the lock-delay marker of a holder with lockDelayMs > 0
  * ```
  *
@@ -39,6 +40,15 @@ export function decodePart(s: string): string {
 
 export const MODE_TAG: Readonly<Record<LockMode, 'e' | 's'>> = Object.freeze({ exclusive: 'e', shared: 's' });
 
+/**
+ * The tag of a request's keys: permits are shared requests under a tag of their own, so a grant's
+ * guards can tell them from plain shared requests by range (a plain shared grant needs no permit
+ * requests around, a permit needs no plain shared ones).
+ */
+export function entryTag(mode: LockMode, permit: boolean): 'e' | 's' | 'p' {
+  return permit && mode === 'shared' ? 'p' : MODE_TAG[mode];
+}
+
 /** The etcd keys of one lock key. */
 export class KeyLayout {
   /** `<prefix><enc key>/`: every key of this lock. */
@@ -47,6 +57,10 @@ export class KeyLayout {
   readonly queue: string;
   /** `<base>q/e/`: exclusive requests only. */
   readonly exclusive: string;
+  /** `<base>q/s/`: plain shared requests (no limit). */
+  readonly shared: string;
+  /** `<base>q/p/`: semaphore permit requests. */
+  readonly permits: string;
   /** `<base>d/`: lock-delay markers. */
   readonly delays: string;
 
@@ -54,11 +68,14 @@ export class KeyLayout {
     this.base = `${prefix}${encodePart(key)}/`;
     this.queue = `${this.base}q/`;
     this.exclusive = `${this.queue}e/`;
+    this.shared = `${this.queue}s/`;
+    this.permits = `${this.queue}p/`;
     this.delays = `${this.base}d/`;
   }
 
-  entry(mode: LockMode, name: string): string {
-    return `${this.queue}${MODE_TAG[mode]}/${encodePart(name)}`;
+  /** The request key of `name` in `mode`; with `permit`, a shared request is a semaphore permit's. */
+  entry(mode: LockMode, name: string, permit = false): string {
+    return `${this.queue}${entryTag(mode, permit)}/${encodePart(name)}`;
   }
 
   delay(name: string): string {
@@ -67,7 +84,9 @@ export class KeyLayout {
 }
 
 /** What an etcd key under the prefix is, or undefined for keys that are not ours. */
-export type ParsedKey = { kind: 'entry'; encKey: string; mode: LockMode; encOwner: string } | { kind: 'delay'; encKey: string; encOwner: string };
+export type ParsedKey =
+  | { kind: 'entry'; encKey: string; mode: LockMode; encOwner: string; permit?: true }
+  | { kind: 'delay'; encKey: string; encOwner: string };
 
 export function parseKey(prefix: string, etcdKey: string): ParsedKey | undefined {
   if (!etcdKey.startsWith(prefix)) return undefined;
@@ -77,6 +96,7 @@ export function parseKey(prefix: string, etcdKey: string): ParsedKey | undefined
   if (kind === 'q' && parts.length === 4 && (a === 'e' || a === 's') && b) {
     return { kind: 'entry', encKey, mode: a === 'e' ? 'exclusive' : 'shared', encOwner: b };
   }
+  if (kind === 'q' && parts.length === 4 && a === 'p' && b) return { kind: 'entry', encKey, mode: 'shared', encOwner: b, permit: true };
   if (kind === 'd' && parts.length === 3 && a) return { kind: 'delay', encKey, encOwner: a };
   return undefined;
 }

@@ -12,6 +12,7 @@
  * lock-delay marker still running: such names are retired, and the next request gets a new one.
  */
 import { randomBytes } from 'node:crypto';
+import type { LockMode } from '../core/validate.js';
 import { encodePart } from './keys.js';
 
 /** Names given back by confirmed deletions, kept for reuse (across all lock keys; the oldest lock's go first past this). */
@@ -23,6 +24,8 @@ const NAME_SWEEP_MS = 1_000;
 export interface RequestName {
   readonly key: string;
   readonly name: string;
+  /** The owner's request is a semaphore permit (its entry under `q/p/`): renew and release, told only the mode, find it by this. */
+  readonly permit: boolean;
   /** The session of the owner's latest call: the name is retired when that session ends. */
   session: string | undefined;
   /** For a request on a lease of its own: past this (monotonic ms) the lease is certainly gone and the name is retired. */
@@ -56,7 +59,13 @@ export class RequestNames {
    * The name of a request's keys: the owner's name if it has one on this lock, else a name given
    * back on this lock (its keys known deleted), else a new one.
    */
-  for(req: { readonly key: string; readonly owner: string; readonly session?: string | undefined }): RequestName {
+  for(req: {
+    readonly key: string;
+    readonly owner: string;
+    readonly mode: LockMode;
+    readonly limit?: number | undefined;
+    readonly session?: string | undefined;
+  }): RequestName {
     const existing = this.#names.get(req.owner);
     if (existing && existing.key === req.key) return existing;
     if (existing) this.done(req.owner, false);
@@ -66,7 +75,8 @@ export class RequestNames {
       this.#freeCount--;
       if (free!.length === 0) this.#free.delete(req.key);
     } else name = `${this.#tag}.${(++this.#seq).toString(36)}`;
-    const nm: RequestName = { key: req.key, name, session: req.session, ownUntil: undefined, tainted: false };
+    const permit = req.mode === 'shared' && req.limit !== undefined;
+    const nm: RequestName = { key: req.key, name, permit, session: req.session, ownUntil: undefined, tainted: false };
     this.#names.set(req.owner, nm);
     return nm;
   }

@@ -113,6 +113,14 @@ export const cmp = {
     result: 'Greater',
     create_revision: rev.toString(),
   }),
+  /** Every key of the range was created at or before `rev` (true for an empty range). */
+  createdBy: (key: string, rev: bigint, end?: Buffer): ICompare => ({
+    key: b(key),
+    range_end: end,
+    target: 'Create',
+    result: 'Less',
+    create_revision: (rev + 1n).toString(),
+  }),
   /** Every key of the range was last modified at or before `rev` (true for an empty range). */
   modifiedBy: (key: string, rev: bigint, end?: Buffer): ICompare => ({
     key: b(key),

@@ -4,6 +4,12 @@
  * the guards a grant's transaction carries (`freeKeyGuards`, `viewGuards`), what a waiter watches
  * (`watchTarget`, `follower`) and what `inspect` reports (`keyState`). No I/O: the backend reads and
  * writes, these decide; test/etcd/view.test.ts checks them without an etcd.
+ *
+ * Semaphore permits are shared requests of a kind of their own (under `q/p/`, their limit in the
+ * value): a permit of limit N holds when no exclusive request is ahead of it, no shared request of
+ * another kind (a plain shared one, or a permit of another limit) is ahead of it, and fewer than N
+ * permits are ahead of it (it is among the first N). A shared request that finds the key held by
+ * shared holders of another kind is refused (`conflict`).
  */
 import type { ICompare, IKeyValue } from 'etcd3';
 import type { HandOff, HolderState, KeyState } from '../core/backend.js';
@@ -31,6 +37,8 @@ export interface Entry {
   readonly holder: string;
   /** The entry's lease belongs to this lock alone (no session): release revokes it. */
   readonly ownLease: boolean;
+  /** A semaphore permit's limit (a key under `q/p/`); undefined for plain shared and exclusive requests. */
+  readonly limit: number | undefined;
 }
 
 /** A lock-delay marker: while its holder's entry exists it is dormant; once the entry is gone, it blocks the key until it expires. */
@@ -61,9 +69,12 @@ export interface Waiter {
   readonly session: string | undefined;
 }
 
-/** The value of a request key: its public holder label, whether its lease is its own (o), whether it was written as granted (g). */
-export const entryValue = (holder: string, ownLease: boolean, granted: boolean): string =>
-  JSON.stringify({ h: holder, o: ownLease ? 1 : 0, g: granted ? 1 : 0 });
+/**
+ * The value of a request key: its public holder label, whether its lease is its own (o), whether it
+ * was written as granted (g), and a permit's limit (l).
+ */
+export const entryValue = (holder: string, ownLease: boolean, granted: boolean, limit?: number): string =>
+  JSON.stringify({ h: holder, o: ownLease ? 1 : 0, g: granted ? 1 : 0, ...(limit !== undefined && { l: limit }) });
 /** The value of a lock-delay marker: its holder's label and, once granted, its token (t). */
 export const delayValue = (holder: string, token: bigint | undefined): string => JSON.stringify({ h: holder, t: token?.toString() ?? '' });
 
@@ -96,6 +107,8 @@ export function parseView(prefix: string, kvs: readonly IKeyValue[], revision: b
         granted: v.g === 1,
         holder,
         ownLease: v.o === 1,
+        // A permit whose value lost its limit (damaged, not ours) counts as the narrowest semaphore.
+        limit: parsed.permit ? (typeof v.l === 'number' && Number.isInteger(v.l) && v.l >= 1 ? v.l : 1) : undefined,
       });
     } else {
       const token = typeof v.t === 'string' && /^[0-9]+$/.test(v.t) ? BigInt(v.t) : BigInt(kv.create_revision);
@@ -131,35 +144,75 @@ export function liveDelays(view: View): DelayMark[] {
   return view.delays.filter((d) => owners.has(d.encOwner));
 }
 
-/** The requests a request of `mode` must wait for: everyone ahead (exclusive), or every exclusive ahead (shared). */
-export function ahead(view: View, own: Entry | undefined, mode: LockMode): Entry[] {
-  return view.entries.filter((e) => (own === undefined || e.rev < own.rev) && e.key !== own?.key && (mode === 'exclusive' || e.mode === 'exclusive'));
+/**
+ * The requests a request of `mode` must wait for (`limit`: a permit's; undefined for a plain lock).
+ * An exclusive request: everyone ahead. A shared one: every exclusive request ahead and every shared
+ * request ahead of another kind (another limit, or a permit for a plain shared request and the
+ * reverse); and a permit, when `limit` or more permits of its limit are ahead, the oldest of them
+ * down to the `limit`th ahead of it: it holds once that one is gone, when they leave in order.
+ */
+export function ahead(view: View, own: Entry | undefined, mode: LockMode, limit?: number): Entry[] {
+  const before = view.entries.filter((e) => (own === undefined || e.rev < own.rev) && e.key !== own?.key);
+  if (mode === 'exclusive') return before;
+  let excess: Set<Entry> | undefined;
+  if (limit !== undefined) {
+    const permits = before.filter((e) => e.mode === 'shared' && e.limit === limit);
+    if (permits.length >= limit) excess = new Set(permits.slice(0, permits.length - limit + 1));
+  }
+  return before.filter((e) => e.mode === 'exclusive' || e.limit !== limit || excess?.has(e) === true);
 }
 
-export function grantable(view: View, own: Entry | undefined, mode: LockMode): boolean {
-  if (ahead(view, own, mode).length > 0 || orphans(view).length > 0) return false;
+/**
+ * A request of `mode` (and `limit`, a permit's) holds the key in `view`: with its entry `own`, by
+ * its place; without one (not queued), if it were written now at the end of the queue.
+ */
+export function grantable(view: View, own: Entry | undefined, mode: LockMode, limit?: number): boolean {
+  if (ahead(view, own, mode, limit).length > 0 || orphans(view).length > 0) return false;
   // Without an entry, a shared grant guards every marker's holder in its transaction (viewGuards).
   return own !== undefined || mode === 'exclusive' || liveDelays(view).length <= MAX_DELAY_GUARDS;
 }
 
 /**
- * The guards of the first transaction of a request: our entry does not exist yet, nobody is queued
- * that we would have to wait for (everyone, or every exclusive request for a shared one), and no
- * lock-delay marker exists (of an expired holder, or of a live one: a shared request next to shared
- * holders with markers takes the slower `viewGuards` path).
+ * For a shared request (plain, `limit` undefined, or a permit of `limit`): a holder of the key in
+ * `view` that is shared of another kind (see `ahead`), so the key is held as something else and the
+ * request is refused (`AcquireRequest.limit`). Undefined for an exclusive request: it waits.
  */
-export function freeKeyGuards(layout: KeyLayout, mode: LockMode, entryKey: string): ICompare[] {
+export function conflict(view: View, own: Entry | undefined, mode: LockMode, limit: number | undefined): Entry | undefined {
+  if (mode === 'exclusive') return undefined;
+  return holders(view).find((e) => e.key !== own?.key && e.mode === 'shared' && e.limit !== limit);
+}
+
+/** The refusal's message for a request of `asked` permits (undefined: plain shared) on a key held by shared holders of `held`. */
+export function conflictMessage(key: string, held: number | undefined, asked: number | undefined): string {
+  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
+  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
+}
+
+/**
+ * The guards of the first transaction of a request: our entry does not exist yet, nobody is queued
+ * that we would have to wait for (everyone, or every exclusive request for a plain shared one), and
+ * no lock-delay marker exists (of an expired holder, or of a live one: a shared request next to
+ * shared holders with markers takes the slower `viewGuards` path). A plain shared request also
+ * needs no permit request around (it would be refused on a semaphore key), and a permit an empty
+ * queue: how many permits are ahead is not something a compare can count, so past the first permit
+ * on a free key the grant is decided on a view (its place's, or `viewGuards`).
+ */
+export function freeKeyGuards(layout: KeyLayout, mode: LockMode, entryKey: string, limit?: number): ICompare[] {
   const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
-  const queue = mode === 'exclusive' ? layout.queue : layout.exclusive;
-  return [cmp.createdAt(entryKey, 0n), cmp.createdAt(queue, 0n, end(queue)), cmp.createdAt(layout.delays, 0n, end(layout.delays))];
+  const queue = mode === 'exclusive' || limit !== undefined ? layout.queue : layout.exclusive;
+  const guards = [cmp.createdAt(entryKey, 0n), cmp.createdAt(queue, 0n, end(queue)), cmp.createdAt(layout.delays, 0n, end(layout.delays))];
+  if (mode === 'shared' && limit === undefined) guards.push(cmp.createdAt(layout.permits, 0n, end(layout.permits)));
+  return guards;
 }
 
 /**
  * Guards of a grant without a place in the queue, decided on `view`: what made it grantable still
  * holds. For a shared request: no exclusive request, no lock-delay marker written since the view,
- * and the holder of every marker still there (so none became an expired holder's delay).
+ * and the holder of every marker still there (so none became an expired holder's delay). A plain
+ * shared request: no permit request; a permit: no plain shared request, and no permit request
+ * created since the view (so fewer than its limit are still ahead of it, all of its limit).
  */
-export function viewGuards(layout: KeyLayout, view: View, mode: LockMode, entryKey: string): ICompare[] {
+export function viewGuards(layout: KeyLayout, view: View, mode: LockMode, entryKey: string, limit?: number): ICompare[] {
   if (mode === 'exclusive') return freeKeyGuards(layout, mode, entryKey);
   const end = (k: string): Buffer => rangeEnd(Buffer.from(k));
   const guards = [
@@ -171,18 +224,38 @@ export function viewGuards(layout: KeyLayout, view: View, mode: LockMode, entryK
     const holder = view.entries.find((e) => e.encOwner === d.encOwner)!;
     guards.push(cmp.createdAt(holder.key, holder.rev));
   }
+  if (limit === undefined) guards.push(cmp.createdAt(layout.permits, 0n, end(layout.permits)));
+  else guards.push(cmp.createdAt(layout.shared, 0n, end(layout.shared)), cmp.createdBy(layout.permits, view.revision, end(layout.permits)));
   return guards;
 }
 
 /**
  * Who holds the key in `view`: entries written as granted, entries with their own lock-delay
  * marker (written at the grant), and, when no expired holder's marker is in the way, every entry
- * with nothing ahead of it (granted, or about to learn it on its next look).
+ * with nothing ahead of it (granted, or about to learn it on its next look). The rule of `ahead`, in
+ * one pass over the queue (a semaphore's queue may be long).
  */
 export function holders(view: View): Entry[] {
   const marked = new Set(view.delays.map((d) => d.encOwner));
   const free = orphans(view).length === 0;
-  return view.entries.filter((e) => e.granted || marked.has(e.encOwner) || (free && ahead(view, e, e.mode).length === 0));
+  let first = true;
+  let exclusive = false;
+  /** Shared requests seen so far, by kind (limit; undefined: plain shared). */
+  const kinds = new Map<number | undefined, number>();
+  const out: Entry[] = [];
+  for (const e of view.entries) {
+    let placed: boolean;
+    if (e.mode === 'exclusive') placed = first;
+    else {
+      const seen = kinds.get(e.limit) ?? 0;
+      placed = !exclusive && kinds.size <= (seen > 0 ? 1 : 0) && (e.limit === undefined || seen < e.limit);
+      kinds.set(e.limit, seen + 1);
+    }
+    if (e.mode === 'exclusive') exclusive = true;
+    first = false;
+    if (e.granted || marked.has(e.encOwner) || (free && placed)) out.push(e);
+  }
+  return out;
 }
 
 /**
@@ -194,7 +267,7 @@ export function holders(view: View): Entry[] {
  */
 export function watchTarget(waiter: Waiter): WatchTarget {
   const { view, own, mode, layout } = waiter;
-  const blockers = ahead(view, own, mode);
+  const blockers = ahead(view, own, mode, own.limit);
   const last = blockers[blockers.length - 1];
   if (last && orphans(view).length === 0) {
     return { keys: [last.key], revisions: [last.rev.toString()], afterRevision: view.revision, follow: follower(waiter) };
@@ -228,10 +301,14 @@ export function follower(waiter: Waiter): Follow {
       delays: [...delays.values()],
     };
     const mine = now.entries.find((e) => e.key === own.key);
-    // Still behind other requests, and nothing else in the way: keep following, say nothing.
-    if (mine && ahead(now, mine, mode).length > 0 && orphans(now).length === 0) return undefined;
+    // Still behind other requests, and nothing else in the way (an expired holder's marker, holders
+    // of another kind that refuse the request): keep following, say nothing.
+    const blocked = mine !== undefined && ahead(now, mine, mode, own.limit).length > 0;
+    if (blocked && orphans(now).length === 0 && !conflict(now, mine, mode, own.limit)) return undefined;
     done = true;
-    if (mine && session !== undefined && mine.lease === session && now.delays.length === 0 && grantable(now, mine, mode)) return { token: mine.rev, session };
+    if (mine && session !== undefined && mine.lease === session && now.delays.length === 0 && grantable(now, mine, mode, own.limit)) {
+      return { token: mine.rev, session };
+    }
     return 'wake';
   };
   return {
@@ -288,7 +365,8 @@ export function keyState(key: string, view: View, remainingMs: (lease: string) =
   let lastToken = 0n;
   for (const h of holderStates) if (h.token > lastToken) lastToken = h.token;
   for (const d of delays) if (d.token > lastToken) lastToken = d.token;
-  return { key, lastToken, holders: holderStates, waiters, lockDelayRemainingMs: delayMs };
+  const limit = held.find((e) => e.limit !== undefined)?.limit;
+  return { key, lastToken, holders: holderStates, waiters, lockDelayRemainingMs: delayMs, ...(limit !== undefined && { limit }) };
 }
 
 /** The leases whose remaining time `keyState` reports: the holders' and the expired holders' lock-delay markers'. */

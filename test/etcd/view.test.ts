@@ -7,6 +7,8 @@ import { describe, expect, it } from 'vitest';
 import { KeyLayout } from '../../src/etcd/keys.js';
 import {
   ahead,
+  conflict,
+  conflictMessage,
   delayValue,
   entryValue,
   follower,
@@ -40,8 +42,19 @@ const kv = (key: string, value: string, createRev: number, lease = SESSION): Kv 
   lease,
 });
 /** A request of `name` in `mode`, created at `rev` (its place, and its token once granted). */
-const entry = (name: string, rev: number, o: { mode?: 'exclusive' | 'shared'; granted?: boolean; own?: boolean; lease?: string; lock?: KeyLayout } = {}): Kv =>
-  kv((o.lock ?? layout).entry(o.mode ?? 'exclusive', name), entryValue(`holder-${name}`, o.own ?? false, o.granted ?? false), rev, o.lease);
+const entry = (
+  name: string,
+  rev: number,
+  o: { mode?: 'exclusive' | 'shared'; granted?: boolean; own?: boolean; lease?: string; lock?: KeyLayout; limit?: number } = {},
+): Kv =>
+  kv(
+    (o.lock ?? layout).entry(o.limit !== undefined ? 'shared' : (o.mode ?? 'exclusive'), name, o.limit !== undefined),
+    entryValue(`holder-${name}`, o.own ?? false, o.granted ?? false, o.limit),
+    rev,
+    o.lease,
+  );
+/** A semaphore permit request of `name` with `limit`, created at `rev`. */
+const permit = (name: string, rev: number, limit: number, o: { granted?: boolean; lease?: string } = {}): Kv => entry(name, rev, { ...o, limit });
 /** The lock-delay marker of `name`, created at `rev`, with the token written at the grant (if any). */
 const marker = (name: string, rev: number, token?: number, lease = '99'): Kv =>
   kv(layout.delay(name), delayValue(`holder-${name}`, token === undefined ? undefined : BigInt(token)), rev, lease);
@@ -153,7 +166,7 @@ describe('etcd view: the guards of a grant', () => {
     expect(keyOf(freeKeyGuards(layout, 'shared', layout.entry('shared', 'me'))[1]!)).toBe(layout.exclusive);
   });
 
-  it('decided on a view (shared, next to marked shared holders): no exclusive request, no marker since the view, every marked holder still there', () => {
+  it('decided on a view (shared, next to marked shared holders): no exclusive request, no marker since the view, every marked holder still there, no permit', () => {
     const v = view([entry('s1', 10, { mode: 'shared', granted: true }), marker('s1', 10, 10), entry('s2', 12, { mode: 'shared' })], 40);
     const guards = viewGuards(layout, v, 'shared', layout.entry('shared', 'me'));
     expect(guards.map((c) => [keyOf(c), c.target, c.result, c.create_revision ?? c.mod_revision])).toEqual([
@@ -161,6 +174,7 @@ describe('etcd view: the guards of a grant', () => {
       [layout.exclusive, 'Create', 'Equal', '0'],
       [layout.delays, 'Mod', 'Less', '41'],
       [layout.entry('shared', 's1'), 'Create', 'Equal', '10'],
+      [layout.permits, 'Create', 'Equal', '0'],
     ]);
     expect(viewGuards(layout, v, 'exclusive', entryKey)).toEqual(freeKeyGuards(layout, 'exclusive', entryKey));
   });
@@ -248,5 +262,126 @@ describe('etcd view: what inspect reports', () => {
     expect(keyState('job', v, remaining({ 99: 3_000 }))).toEqual({ key: 'job', lastToken: 20n, holders: [], waiters: 1, lockDelayRemainingMs: 3_000 });
     expect(keyState('job', view([marker('gone', 8, 20, '99')]), remaining({}))).toBeUndefined();
     expect(keyState('job', view([]), remaining({}))).toBeUndefined();
+  });
+});
+
+describe('etcd view: semaphore permits', () => {
+  const names = (es: readonly { encOwner: string }[] | undefined) => (es ?? []).map((e) => e.encOwner);
+
+  it('a permit is a shared request under q/p/ with its limit in the value; a damaged limit reads as 1', () => {
+    const v = view([permit('a', 10, 3), kv(layout.entry('shared', 'b', true), '{"h":"x"}', 11), entry('c', 12, { mode: 'shared' })]);
+    expect(v.entries.map((e) => [e.encOwner, e.mode, e.limit])).toEqual([
+      ['a', 'shared', 3],
+      ['b', 'shared', 1],
+      ['c', 'shared', undefined],
+    ]);
+    expect(layout.entry('shared', 'a', true)).toBe(`${layout.permits}a`);
+    expect(layout.entry('exclusive', 'a', true)).toBe(layout.entry('exclusive', 'a')); // only a shared request is a permit
+    expect(parseJson(kv('k', entryValue('h', false, true, 3), 1))).toEqual({ h: 'h', o: 0, g: 1, l: 3 });
+  });
+
+  it('the first N permits hold; a later one waits for the Nth ahead of it (the hand-off target), and holds once fewer than N are ahead', () => {
+    const v = view([permit('a', 10, 3), permit('b', 11, 3), permit('c', 12, 3), permit('d', 13, 3), permit('e', 14, 3)]);
+    expect(names(holders(v))).toEqual(['a', 'b', 'c']);
+    expect(names(ahead(v, own(v, 'c'), 'shared', 3))).toEqual([]);
+    expect(names(ahead(v, own(v, 'd'), 'shared', 3))).toEqual(['a']);
+    expect(names(ahead(v, own(v, 'e'), 'shared', 3))).toEqual(['a', 'b']);
+    expect(grantable(v, own(v, 'd'), 'shared', 3)).toBe(false);
+    // not queued (tryAcquire): it would be the 6th
+    expect(grantable(v, undefined, 'shared', 3)).toBe(false);
+    expect(grantable(view([permit('a', 10, 3), permit('b', 11, 3)]), undefined, 'shared', 3)).toBe(true);
+    // any permit ahead leaving frees a place, not only the oldest
+    const bGone = view([permit('a', 10, 3), permit('c', 12, 3), permit('d', 13, 3), permit('e', 14, 3)]);
+    expect(grantable(bGone, own(bGone, 'd'), 'shared', 3)).toBe(true);
+    expect(names(holders(bGone))).toEqual(['a', 'c', 'd']);
+    expect(keyState('job', v, () => 1_000)).toMatchObject({ limit: 3, waiters: 2, lastToken: 12n });
+    expect(keyState('job', view([entry('s', 10, { mode: 'shared' })]), () => 1_000)).not.toHaveProperty('limit');
+  });
+
+  it('an exclusive request ahead blocks later permits; an exclusive one waits for every permit ahead', () => {
+    const v = view([permit('a', 10, 3), entry('x', 11), permit('b', 12, 3)]);
+    expect(names(holders(v))).toEqual(['a']);
+    expect(names(ahead(v, own(v, 'b'), 'shared', 3))).toEqual(['x']);
+    expect(names(ahead(v, own(v, 'x'), 'exclusive'))).toEqual(['a']);
+    expect(grantable(view([permit('a', 10, 3)]), undefined, 'exclusive')).toBe(false);
+  });
+
+  it('shared requests of another kind block each other, and a holder of another kind is a conflict (refused, naming both)', () => {
+    const v = view([permit('a', 10, 3), permit('b', 11, 5), entry('c', 12, { mode: 'shared' })]);
+    expect(names(holders(v))).toEqual(['a']);
+    expect(names(ahead(v, own(v, 'b'), 'shared', 5))).toEqual(['a']);
+    expect(names(ahead(v, own(v, 'c'), 'shared'))).toEqual(['a', 'b']);
+    expect(conflict(v, own(v, 'b'), 'shared', 5)?.encOwner).toBe('a');
+    expect(conflict(v, undefined, 'shared', undefined)?.encOwner).toBe('a');
+    expect(conflict(v, undefined, 'shared', 3)).toBeUndefined();
+    expect(conflict(v, undefined, 'exclusive', undefined)).toBeUndefined(); // an exclusive request waits
+    const plain = view([entry('s1', 10, { mode: 'shared' }), entry('s2', 11, { mode: 'shared' })]);
+    expect(conflict(plain, undefined, 'shared', 2)?.encOwner).toBe('s1');
+    expect(grantable(plain, undefined, 'shared', 2)).toBe(false);
+    // permits queued behind an exclusive holder are no conflict yet: they wait
+    expect(conflict(view([entry('x', 9), permit('a', 10, 3)]), undefined, 'shared', 5)).toBeUndefined();
+    expect(conflictMessage('api:quota', 3, 5)).toBe('key "api:quota" is held as a semaphore of 3 permits; this request asks for 5 permits');
+    expect(conflictMessage('k', undefined, 5)).toBe('key "k" is held by shared holders without a limit; this request asks for 5 permits');
+    expect(conflictMessage('k', 3, undefined)).toBe('key "k" is held as a semaphore of 3 permits; this request asks for a shared lock without a limit');
+  });
+
+  it('holders (one pass over the queue) agree with ahead (per request) on any queue', () => {
+    let seed = 42;
+    const rand = (n: number): number => {
+      seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31;
+      return seed % n;
+    };
+    for (let round = 0; round < 500; round++) {
+      const kvs: Kv[] = [];
+      const size = rand(8);
+      for (let i = 0; i < size; i++) {
+        const kind = rand(5);
+        if (kind === 0) kvs.push(entry(`n${i}`, 10 + i));
+        else if (kind === 1) kvs.push(entry(`n${i}`, 10 + i, { mode: 'shared' }));
+        else kvs.push(permit(`n${i}`, 10 + i, kind === 4 ? 1 : 2 + rand(2)));
+      }
+      const v = view(kvs);
+      expect(names(holders(v))).toEqual(names(v.entries.filter((e) => ahead(v, e, e.mode, e.limit).length === 0)));
+    }
+  });
+
+  it('guards: the first permit on a free key needs an empty queue; a plain shared grant needs no permit; a permit decided on a view, no plain shared request and no permit since', () => {
+    const me = layout.entry('shared', 'me', true);
+    const keyOf = (c: { key?: Buffer }) => c.key!.toString();
+    expect(freeKeyGuards(layout, 'shared', me, 3).map((c) => [keyOf(c), c.target, c.result, c.create_revision])).toEqual([
+      [me, 'Create', 'Equal', '0'],
+      [layout.queue, 'Create', 'Equal', '0'],
+      [layout.delays, 'Create', 'Equal', '0'],
+    ]);
+    expect(freeKeyGuards(layout, 'shared', layout.entry('shared', 'me')).map(keyOf)).toEqual([
+      layout.entry('shared', 'me'),
+      layout.exclusive,
+      layout.delays,
+      layout.permits,
+    ]);
+    const v = view([permit('a', 10, 3)], 40);
+    expect(viewGuards(layout, v, 'shared', me, 3).map((c) => [keyOf(c), c.target, c.result, c.create_revision ?? c.mod_revision])).toEqual([
+      [me, 'Create', 'Equal', '0'],
+      [layout.exclusive, 'Create', 'Equal', '0'],
+      [layout.delays, 'Mod', 'Less', '41'],
+      [layout.shared, 'Create', 'Equal', '0'],
+      [layout.permits, 'Create', 'Less', '41'],
+    ]);
+  });
+
+  it('a permit waiter follows the lock: handed its grant when fewer than N permits are ahead, in any order of release', () => {
+    const [a, b, c] = [permit('a', 10, 2), permit('b', 11, 2), permit('c', 12, 2)];
+    const me = permit('me', 13, 2);
+    const w = waiter(view([a, b, c, me]), 'me', 'shared');
+    expect(watchTarget(w)).toMatchObject({ keys: [layout.entry('shared', 'b', true)], revisions: ['11'] }); // the 2nd ahead of it
+    const f = follower(w);
+    expect(f.apply([del(c)])).toBeUndefined(); // a and b still ahead
+    expect(f.apply([del(a)])).toEqual({ token: 13n, session: SESSION });
+  });
+
+  it('a permit waiter whose turn comes with holders of another kind is woken (to be refused), never handed a grant', () => {
+    const x = entry('x', 9);
+    const f = follower(waiter(view([x, permit('a', 10, 5), permit('me', 11, 3)]), 'me', 'shared'));
+    expect(f.apply([del(x)])).toBe('wake');
   });
 });
