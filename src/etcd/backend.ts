@@ -42,7 +42,7 @@ import {
   type View,
   type Waiter,
 } from './view.js';
-import { LockWatches, Wake, type WatchTarget } from './wake.js';
+import { KeyWatch, LockWatches, Wake, type WatchTarget } from './wake.js';
 
 /**
  * Rounds of "try the grant, else read" one acquire call makes before it answers busy. Each lost
@@ -616,6 +616,13 @@ class EtcdBackend implements Backend {
       wake.close();
       if (c?.owner !== undefined && this.#wakes.get(c.owner) === wake) this.#wakes.delete(c.owner);
     };
+  }
+
+  /** Change notifications of one key (`Backend.watch`): every put and delete under the lock, on the lock's shared watch. */
+  async watch(key: string, onChange: () => void): Promise<() => void> {
+    const w = new KeyWatch(this.#lockWatches, new KeyLayout(this.#prefix, key).base, onChange);
+    await w.start();
+    return () => w.close();
   }
 
   // ---- inspect ---------------------------------------------------------------------------------

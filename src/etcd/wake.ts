@@ -239,6 +239,80 @@ class LockWatch {
   }
 }
 
+/** A key watch whose stream broke follows again on a new one after this pause, doubled up to KEY_WATCH_RETRY_MAX_MS while it keeps failing. */
+const KEY_WATCH_RETRY_MS = 100;
+const KEY_WATCH_RETRY_MAX_MS = 2_000;
+let keyWatchIds = 0;
+
+/**
+ * An observer's watch of one lock (`Backend.watch`): a follower of the lock's shared watch (see
+ * `LockWatches`; a client that also waits on the lock shares it) that never settles, and calls
+ * `onChange` after every batch of changes under the lock — a place taken or given up, a grant,
+ * a release, an expiry (etcd deletes an expired lease's keys), a lock-delay marker's end. A broken
+ * stream ends the shared watch: the observer is told (a change may have been missed), follows
+ * again on a new watch after a short pause, and is told once more when that one is active.
+ */
+export class KeyWatch {
+  #detach: (() => void) | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #retryMs = KEY_WATCH_RETRY_MS;
+  #closed = false;
+
+  constructor(
+    private readonly shared: LockWatches,
+    private readonly prefix: string,
+    private readonly onChange: () => void,
+  ) {}
+
+  /** Follows the lock; resolves once the watch is active (or has failed: it is then tried again). */
+  async start(again = false): Promise<void> {
+    if (this.#closed) return;
+    const follow: Follow = {
+      id: `watch:${++keyWatchIds}`,
+      prefix: this.prefix,
+      from: 0n,
+      apply: () => {
+        this.#fire();
+        return undefined;
+      },
+      // Joined (the watch is active): after a break, what happened meanwhile is told now.
+      restart: () => {
+        this.#retryMs = KEY_WATCH_RETRY_MS;
+        if (again) this.#fire();
+        return undefined;
+      },
+    };
+    const { ready, detach } = this.shared.attach(follow, () => this.#broken());
+    this.#detach = detach;
+    await ready;
+  }
+
+  close(): void {
+    this.#closed = true;
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#detach?.();
+    this.#detach = undefined;
+  }
+
+  #broken(): void {
+    this.#detach = undefined;
+    if (this.#closed) return;
+    this.#fire();
+    this.#timer = setTimeout(() => void this.start(true), this.#retryMs);
+    this.#timer.unref();
+    this.#retryMs = Math.min(this.#retryMs * 2, KEY_WATCH_RETRY_MAX_MS);
+  }
+
+  #fire(): void {
+    if (this.#closed) return;
+    try {
+      this.onChange();
+    } catch {
+      // the observer's own error is not the watch's
+    }
+  }
+}
+
 /**
  * One waiter's watches. `target` moves them to new keys (closing the old watches); a deletion of a
  * watched key, or any watch error, calls `onChange`, after which the waiter asks again.

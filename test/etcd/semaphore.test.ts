@@ -1,8 +1,8 @@
 /**
- * Semaphore permits on etcd, against a real etcd member of the test's own: the
+ * Semaphore permits and key watches on etcd, against a real etcd member of the test's own: the
  * limit (never more than N valid holders, each permit its own token), the refusal of another limit
  * or kind with nothing left behind, exclusive requests behind permits, a crashed holder's permit,
- * and the hand-off to permit waiters in arrival order.
+ * the hand-off to permit waiters in arrival order, and `watch`.
  */
 import { Etcd3 } from 'etcd3';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -288,5 +288,69 @@ describe('etcd semaphore permits', () => {
     // the handed-off waiters hold: asking again answers their grant
     const again = await waiters[1]!.acquire(request(k, 'w1', { limit: 2, queue: true, session: handed[1]![0]!.session }));
     expect(again).toMatchObject({ granted: true, token: places[1] });
+  });
+
+  it('watch fires on a grant, a place, a release and an expiry, and stops when ended', async () => {
+    const k = key('watch');
+    const b = backend();
+    let calls = 0;
+    const stop = await b.watch!(k, () => calls++);
+    const a = backend();
+    const granted = await a.acquire(request(k, 'one', { limit: 2 }));
+    expect(await eventually(() => calls >= 1, 5_000)).toBe(true);
+    let seen = calls;
+    await a.release({ key: k, owner: 'one', token: tokenOf(granted), mode: 'shared' });
+    expect(await eventually(() => calls > seen, 5_000)).toBe(true);
+    // an expiry: etcd deletes the keys of a session nobody keeps alive
+    const session = await a.sessions!.open(1_000);
+    await a.acquire(request(k, 'expiring', { mode: 'exclusive', session: session.id }));
+    expect(await eventually(() => calls > seen + 1, 5_000)).toBe(true);
+    seen = calls;
+    expect(await eventually(() => calls > seen, 5_000)).toBe(true);
+    expect(await raw(k)).toEqual(new Map());
+    // ended: no more calls (the other key's changes never counted)
+    stop();
+    seen = calls;
+    const again = await a.acquire(request(k, 'after', { limit: 2 }));
+    await a.acquire(request(key('other'), 'other'));
+    await sleep(300);
+    expect(calls).toBe(seen);
+    await a.release({ key: k, owner: 'after', token: tokenOf(again), mode: 'shared' });
+  });
+
+  it('watch shares the lock watch of a waiter of the same client, and both keep working', async () => {
+    const k = key('watch-shared');
+    const b = backend();
+    const l = new Locks({ backend: b });
+    opened.push(l);
+    let calls = 0;
+    const stop = await b.watch!(k, () => calls++);
+    const first = await l.acquire(k, { ttlMs: 10_000 });
+    const second = l.acquire(k, { ttlMs: 10_000, waitMs: 10_000 });
+    await eventually(async () => (await l.inspect(k))[0]?.waiters === 1, 5_000);
+    const seen = calls;
+    await first.release();
+    const lease = await second;
+    expect(calls).toBeGreaterThan(seen);
+    await lease.release();
+    stop();
+  });
+  it('watch follows again after its stream breaks (the member restarts): told at once, and working afterwards', async () => {
+    const k = key('watch-restart');
+    const b = backend();
+    let calls = 0;
+    const stop = await b.watch!(k, () => calls++);
+    const [member] = cluster.members;
+    await member!.kill('SIGKILL');
+    member!.start();
+    await cluster.waitHealthy();
+    expect(await eventually(() => calls >= 1, 10_000)).toBe(true); // a change may have been missed: said so
+    await sleep(2_000); // following again (the retry backs off up to 2 s)
+    const seen = calls;
+    const a = backend();
+    const granted = await a.acquire(request(k, 'after', { limit: 2 }));
+    expect(await eventually(() => calls > seen, 5_000)).toBe(true);
+    stop();
+    await a.release({ key: k, owner: 'after', token: tokenOf(granted), mode: 'shared' });
   });
 });
