@@ -56,8 +56,8 @@ export interface CronCoordinator extends RunCoordinator {
   onComplete(key: string): Promise<void>;
   /**
    * The lease of a slot this instance is running, by node-cron's key or by the task's context
-   * (`coordinator.lease(context)` inside the task): its `token` fences the job's writes, its `signal`
-   * aborts if the lease is lost. `undefined` outside a coordinated run (`task.execute()`, a slot
+   * (`coordinator.lease(context)` inside the task): its `signal` aborts if the lease is lost, its
+   * `token` is the slot's grant (see {@link cronCoordinator} for what it fences). `undefined` outside a coordinated run (`task.execute()`, a slot
    * another instance runs, a background task's child process).
    */
   lease(slot: string | CronTaskContext): Lease | undefined;
@@ -71,9 +71,15 @@ const DEFAULT_PREFIX = 'cron:';
  * the first instance to take the slot's lease (`locks.tryAcquire`, never waiting) runs it, the
  * others skip. The lease is held at least `minHoldMs` from its grant, so an instance that fires the
  * same slot a little later (a clock a few seconds behind, a late timer) skips too instead of running
- * it again after the first one finished. What it does not do: an instance more than `minHoldMs`
- * late runs the slot again, and a slot whose instance crashed mid-run is not run by another (it
- * expires after `ttlMs`). Writes that must happen once go through a fence with the lease's token.
+ * it again after the first one finished. What it does not do: an instance that asks after both
+ * the run ended and `minHoldMs` since the grant passed runs the slot again, and a slot whose
+ * instance crashed mid-run is not run by another (its key expires after `ttlMs`).
+ *
+ * Each fire time is its own key (`cron:<name>:<ISO time>`), so the lease's token counts grants of
+ * that slot only: 1, or more if the slot was taken over. It fences a zombie run of the same slot;
+ * to fence writes across runs (yesterday's frozen run against today's), take a lease on the
+ * resource inside the job and write with that token. And the SQL stores (SQLite, PostgreSQL) keep
+ * each key's last token for good (I1): one row per fire time, 86,400 a day for a schedule every second.
  *
  * ```js
  * cron.schedule('0 3 * * *', job, { name: 'nightly', distributed: true, runCoordinator: cronCoordinator(locks) });
