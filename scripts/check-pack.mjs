@@ -6,11 +6,12 @@
  * 1. the tarball holds LICENSE, README.md, CHANGELOG.md and dist/, no src/ or test/, and no source
  *    map whose sources are neither packed nor inlined;
  * 2. `npm i ./leasehold-*.tgz` installs none of the optional peers (pg, ioredis, etcd3 and so no gRPC
- *    or protobufjs; prom-client, @opentelemetry/*, fastify);
+ *    or protobufjs; prom-client, @opentelemetry/*, fastify, node-cron);
  * 3. the README's SQLite example runs there and prints what it should, and so does `leasehold run`;
  * 4. each entry point whose optional peer is missing (pg, ioredis, etcd3, @opentelemetry/api) says
  *    which package to install (InvalidArgumentError, argument `dependency`) when used, and so does
- *    createLocks({ url }) for each backend: never a raw ERR_MODULE_NOT_FOUND.
+ *    createLocks({ url }) for each backend: never a raw ERR_MODULE_NOT_FOUND; leasehold/node-cron,
+ *    which loads nothing of node-cron (its RunCoordinator is an interface), works without it.
  *
  * The package is built in a copy of the sources (never in ./dist, which tests may be reading). The
  * project installs from npm's cache where it can; better-sqlite3 is installed without its install
@@ -41,7 +42,7 @@ const OPTIONAL = [
   { entry: 'leasehold/metrics', pkg: '@opentelemetry/api', use: "m.traceLocks(createLocks({ url: 'memory:' }))" },
 ];
 /** Packages that only the optional entry points need: none may be installed by `npm i leasehold`. */
-const FORBIDDEN = ['pg', 'ioredis', 'etcd3', '@grpc', 'protobufjs', 'prom-client', '@opentelemetry', 'fastify'];
+const FORBIDDEN = ['pg', 'ioredis', 'etcd3', '@grpc', 'protobufjs', 'prom-client', '@opentelemetry', 'fastify', 'node-cron'];
 
 function step(name) {
   console.log(`check-pack: ${name} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
@@ -189,6 +190,22 @@ try {
       }
     }
   }
+  // leasehold/node-cron needs no node-cron to load: a coordinator over the memory backend answers.
+  const cronProbe = `
+    import { createLocks } from 'leasehold';
+    import { cronCoordinator } from 'leasehold/node-cron';
+    const locks = createLocks({ url: 'memory:' });
+    const coordinator = cronCoordinator(locks);
+    const key = 'pack-check:2030-01-01T00:00:00.000Z';
+    console.log(await coordinator.shouldRun(key, 5_000), coordinator.lease(key)?.token);
+    await coordinator.onComplete(key);
+    await locks.close();
+  `;
+  writeFileSync(join(app, 'cron-probe.mjs'), cronProbe);
+  const cron = run(process.execPath, ['cron-probe.mjs'], app);
+  const cronOk = cron.status === 0 && cron.stdout === 'true 1n\n';
+  check(cronOk, `leasehold/node-cron without node-cron printed ${JSON.stringify(cron.stdout)} (exit ${cron.status}): ${cron.stderr}`);
+  if (cronOk) console.log('check-pack: leasehold/node-cron without node-cron: a coordinator took a slot (token 1)');
 } catch (error) {
   failures.push(error instanceof Error ? error.message : String(error));
   console.error(`check-pack: FAIL ${error instanceof Error ? error.stack : error}`);
