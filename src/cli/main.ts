@@ -6,7 +6,7 @@
  * - `leasehold ls [PREFIX] [--url URL] [--json]`
  * - `leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--port 7071]`
  * - `leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]`
- * - `leasehold verify --url URL [--fence KIND] [--workers 3] [--duration 30s] [--ttl 1s] [--seed S] [--nemesis LIST] [--no-fence] [--report DIR]`
+ * - `leasehold verify --url URL [--fence KIND] [--workers 3] [--duration 30s] [--ttl 1s] [--seed S] [--nemesis LIST] [--no-fence] [--limit N [--count-then-acquire]] [--report DIR]`
  *
  * Every expected failure is one line on stderr (`leasehold: …`) and an exit code from
  * {@link EXIT}; bad arguments add a `usage:` line and exit 64. Set LEASEHOLD_DEBUG=1 to see the
@@ -20,7 +20,7 @@ import { checkLabel, MAX_LIMIT } from '../core/options.js';
 import { checkKey, MIN_TTL_MS, type LockMode } from '../core/validate.js';
 import { formatDuration, parseDuration } from '../util/duration.js';
 import { sleep } from '../util/sleep.js';
-import { MAX_SEED, NEMESES, STORE_KINDS, VERIFY_LIMITS, type NemesisKind, type StoreKind } from '../verify/index.js';
+import { defaultWorkers, MAX_SEED, NEMESES, STORE_KINDS, VERIFY_LIMITS, type NemesisKind, type StoreKind } from '../verify/index.js';
 import { runDashboardCommand } from './dashboard.js';
 import { runDemo } from './demo.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
@@ -35,7 +35,7 @@ const USAGE = Object.freeze({
   demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--host 127.0.0.1] [--port 7071]',
   dashboard: 'leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]',
   verify:
-    'leasehold verify --url URL [--fence sqlite|postgres|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--report DIR]',
+    'leasehold verify --url URL [--fence sqlite|postgres|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--limit N [--count-then-acquire]] [--report DIR]',
 });
 
 /** Thrown by commander's exit hook instead of exiting: what it would have exited with, and for which command. */
@@ -260,6 +260,14 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
         '(crash: only one verify started, --url local:redis|local:postgres|local:etcd|local:redlock) and skews their clocks (clock), on a schedule ' +
         'fixed by --seed. Then it checks the history: tokens unique and increasing, accepted tokens never decrease, no lost update, ' +
         'loss signalled in time (I6). --no-fence is the control run: it must fail.\n\n' +
+        "Without --limit the workers take an exclusive lock, which is also the election case: a leader's term is its lease and the token its term, " +
+        "so a run without --limit already checks leaders' terms: no two valid at once (I6), and every fenced write of a deposed leader refused (I3).\n\n" +
+        'With --limit N the workers hold permits of a semaphore of N (default --workers: 2N + 2, at most 64) and the history must show at most N ' +
+        'valid permits at any moment (a permit is valid from its grant until its release, its loss signal or its local validity deadline, ' +
+        'whichever comes first). The fence still orders every write by token: a late write (sent after its own permit ended) must be refused, ' +
+        'or have committed before any higher token (harmless); valid permits refused because a newer permit wrote first are counted, not faulted. ' +
+        '--count-then-acquire is its control run: the workers build the semaphore themselves (count the holders with inspect, then take a plain ' +
+        'shared lock when fewer than N); with the default workers it fails the permits check.\n\n' +
         'Exits 0 when every check passed, 1 when one failed, 69 when the coordinator or the store cannot be reached, 64 for bad arguments.',
     )
     .addOption(
@@ -277,12 +285,20 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(
       new Option('--fence-url <url>', "the server of the resource for --fence postgres|redis (default: the coordinator's URL when it is of that kind)"),
     )
-    .addOption(new Option('--workers <n>', 'worker processes').default(3).argParser(integerOption(1, VERIFY_LIMITS.maxWorkers)))
+    .addOption(
+      new Option('--workers <n>', 'worker processes (with --limit N: 2N + 2, at most 64)').default(3).argParser(integerOption(1, VERIFY_LIMITS.maxWorkers)),
+    )
     .addOption(new Option('--duration <duration>', 'how long the workload runs').default(30_000, '30s').argParser(durationOption('--duration')))
     .addOption(new Option('--ttl <duration>', 'lease ttl (the coordinator may round it up)').default(1_000, '1s').argParser(durationOption('--ttl')))
     .addOption(new Option('--work <duration>', 'time in the critical section before each write (default: ttl/5)').argParser(durationOption('--work')))
     .addOption(new Option('--seed <n>', `seed of the fault schedule, 0…${MAX_SEED} (default: random, printed)`).argParser(integerOption(0, MAX_SEED)))
     .addOption(new Option('--nemesis <list>', `faults to inject, comma-separated, or none`).default([...NEMESES], NEMESES.join(',')).argParser(nemesisOption))
+    .addOption(
+      new Option('--limit <n>', `the workers hold permits of a semaphore of N (1…${MAX_LIMIT}) instead of an exclusive lock`).argParser(
+        integerOption(1, MAX_LIMIT),
+      ),
+    )
+    .option('--count-then-acquire', 'the control run of --limit: a semaphore the workers build from inspect and a shared lock (must fail)')
     .option('--report <dir>', 'write history.jsonl and timeline.svg into DIR')
     .action(
       action(
@@ -298,6 +314,8 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
           seed?: number;
           nemesis: NemesisKind[];
           report?: string;
+          limit?: number;
+          countThenAcquire?: boolean;
         }) => {
           const url = opts.url ?? (process.env.LEASEHOLD_URL || undefined);
           if (url === undefined)
@@ -312,7 +330,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
               url,
               fence: opts.fence === false ? undefined : opts.fence,
               fenceUrl: opts.fenceUrl,
-              workers: opts.workers,
+              workers: verify.getOptionValueSource('workers') === 'cli' ? opts.workers : defaultWorkers(opts.limit),
               durationMs: opts.duration,
               ttlMs: opts.ttl,
               workMs: opts.work,
@@ -320,6 +338,8 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
               nemeses: opts.nemesis,
               fenced: opts.fence !== false,
               reportDir: opts.report,
+              limit: opts.limit,
+              countThenAcquire: opts.countThenAcquire === true,
             },
             process.stdout,
             USAGE.verify,

@@ -30,6 +30,29 @@
  *    Besides, every worker frozen past its lease's validity must learn within RESUME_BOUND_MS of
  *    SIGCONT, whether or not someone else took the key meanwhile.
  *
+ * With `limit` (`verify --limit N`: the workers hold permits of a semaphore of N), two checks change:
+ *
+ * 5. permits (I9, and I6 for permits): at no moment were more than N leases valid at once. A lease
+ *    counts as valid from its `granted` event until the first of: its `release` event, its `lost`
+ *    event, and the end of its local validity as the worker last reported it (`validity`). Each of
+ *    these ends no later than the coordinator lets the permit go (I5), and each grant is seen after
+ *    the coordinator made it, so with a working semaphore the leases valid at any moment are a subset
+ *    of the coordinator's permit holders: never more than N. Counted at every grant (the count only
+ *    rises there). Not checked (and said so): moments where one of the leases counted had a clock
+ *    slower than 1 − driftFactor, or crossed a crash that lost the coordinator's state.
+ * 4. i6 keeps its freeze part (every lease that ran out during a freeze is known lost right after
+ *    SIGCONT); the pairwise take-over part does not apply, since permits overlap by design (a lost
+ *    permit's place taken by another is what the permits check counts).
+ *
+ *    The fence (check 2) is unchanged and still the rule: accepted tokens never decrease in commit
+ *    order. With N writers that means permits are NOT fenced against each other as equals: a valid
+ *    permit writing after a newer permit has written is refused too (the fence orders by token; it
+ *    cannot know two permits are concurrent), which is safe and counted as "refused while valid".
+ *    What "stale" means for a semaphore: a write sent after its own permit had run out or was known
+ *    lost (a late write: the worker was frozen or its requests held). Such a write must be refused,
+ *    or be harmless: committed while no higher token had committed yet, so it overwrote nothing newer
+ *    (the fence's order stays intact). A late write committed after a higher token is a violation.
+ *
  * Delayed requests (the delay nemesis) need no exemption: validity counts from when a request was
  * sent (I5), and the coordinator's expiry from when it arrived, so a held request only makes the
  * coordinator's view later than the client's.
@@ -49,7 +72,7 @@ const FREEZE_SLACK_MS = 20;
 const MAX_LISTED = 20;
 
 export type Verdict = 'pass' | 'fail';
-export type CheckId = 'grants' | 'tokens' | 'lost-update' | 'i6';
+export type CheckId = 'grants' | 'permits' | 'tokens' | 'lost-update' | 'i6';
 
 export interface CheckResult {
   id: CheckId;
@@ -86,6 +109,8 @@ export interface CheckInput {
   driftFactor: number;
   /** Does the coordinator keep its state across a crash? (local:redis and local:redlock, without persistence: no.) */
   coordinatorDurable: boolean;
+  /** The semaphore's limit when the workers held permits (`verify --limit N`); undefined for an exclusive lock. */
+  limit?: number | undefined;
 }
 
 interface LeaseRecord {
@@ -193,11 +218,17 @@ export function check(input: CheckInput): CheckOutput {
   };
 
   const flagged = new Set<string>();
+  const all = [...leases.values()];
+  const limit = input.limit;
+  /** Did this lease cross a crash of a coordinator that loses its state? */
+  const stateLost = (l: LeaseRecord, to: number): boolean => !input.coordinatorDurable && crashes.some((c) => c.from < to && c.to > l.acquireAt);
+  const tokens = checkTokens(input.final, input.fenced, flagged);
   const checks = [
-    checkGrants([...leases.values()]),
-    checkTokens(input.final, input.fenced, flagged),
+    checkGrants(all),
+    ...(limit === undefined ? [] : [checkPermits(all, limit, slowClock, stateLost)]),
+    limit === undefined ? tokens : withLateWrites(tokens, events, leases, input.final),
     checkLostUpdates(events, input.final, flagged),
-    checkLoss([...leases.values()], freezes, crashes, slowClock, input.coordinatorDurable),
+    checkLoss(all, freezes, crashes, slowClock, input.coordinatorDurable, limit !== undefined),
   ];
   return { checks, stats: stats(events, input.final), flagged: [...flagged] };
 }
@@ -238,6 +269,108 @@ function checkGrants(leases: LeaseRecord[]): CheckResult {
       ? `${leases.length} grants, every token unique and larger than the grants completed before it was requested`
       : `${violations.length} violations in ${leases.length} grants`,
   );
+}
+
+/** When a lease stopped counting as valid: its release, its loss signal, or its last reported validity deadline, whichever came first. */
+function leaseEnd(l: LeaseRecord): number {
+  return Math.min(l.releaseAt ?? Infinity, l.learned?.t ?? Infinity, l.until ?? Infinity);
+}
+
+/** I9: never more than `limit` valid leases at once (see the header: validity as the workers report it). */
+function checkPermits(
+  leases: LeaseRecord[],
+  limit: number,
+  slowClock: (w: number, from: number, to: number) => boolean,
+  stateLost: (l: LeaseRecord, to: number) => boolean,
+): CheckResult {
+  const violations: string[] = [];
+  let most = 0;
+  let excused = 0;
+  const byGrant = [...leases].sort((a, b) => a.grantedAt - b.grantedAt);
+  // Still valid at t (a validity deadline within the rounding slack of t is over).
+  const validAt = (l: LeaseRecord, t: number): boolean =>
+    (l.releaseAt ?? Infinity) > t && (l.learned?.t ?? Infinity) > t && (l.until ?? Infinity) > t + SLACK_MS;
+  let active: LeaseRecord[] = [];
+  for (const b of byGrant) {
+    const t = b.grantedAt;
+    active = active.filter((l) => validAt(l, t));
+    const valid = [...active, b];
+    active.push(b);
+    most = Math.max(most, valid.length);
+    if (valid.length <= limit) continue;
+    if (valid.some((l) => slowClock(l.w, l.acquireAt, t) || stateLost(l, t))) {
+      excused++;
+      continue;
+    }
+    const named = valid
+      .sort((x, y) => (x.token < y.token ? -1 : 1))
+      .map((l) => `w${l.w} token ${l.token} (granted ${fmt(l.grantedAt)}, valid until ${fmt(leaseEnd(l))})`);
+    violations.push(`${valid.length} permits valid at once at ${fmt(t)}, limit ${limit}: ${named.join(', ')}`);
+  }
+  const notChecked =
+    excused > 0 ? `; not checked: ${excused} moments with a clock slower than 1 − driftFactor or across a crash that lost the coordinator's state` : '';
+  return result(
+    'permits',
+    `permits: at most ${limit} valid at once (I9)`,
+    violations,
+    violations.length === 0
+      ? `${leases.length} permits, at most ${most} valid at once (limit ${limit})${notChecked}`
+      : `${violations.length} moments with more than ${limit} valid permits (at most ${most}) in ${leases.length} grants${notChecked}`,
+  );
+}
+
+/**
+ * The fence check of a semaphore run, with its writes classified (see the header): late writes
+ * (sent after the writer's own permit had ended) must be refused or harmless; valid permits refused
+ * because a newer permit had written first are counted, not faulted.
+ */
+function withLateWrites(tokens: CheckResult, events: readonly HistoryEvent[], leases: Map<string, LeaseRecord>, final: FinalState): CheckResult {
+  const outcome = new Map<string, 'accepted' | 'refused' | 'failed'>();
+  for (const e of events) {
+    if (e.type === 'accepted' || e.type === 'refused') outcome.set(e.op, e.type);
+    if (e.type === 'write-failed') outcome.set(e.op, 'failed');
+  }
+  // For each committed row: was a higher token committed before it?
+  const afterHigher = new Set<string>();
+  let top: bigint | undefined;
+  for (const r of final.log) {
+    if (top !== undefined && r.token < top) afterHigher.add(r.op);
+    if (top === undefined || r.token > top) top = r.token;
+  }
+  const n = { late: 0, lateRefused: 0, harmless: 0, indeterminate: 0, validRefused: 0 };
+  const violations: string[] = [];
+  for (const e of events) {
+    if (e.type !== 'write') continue;
+    const l = leases.get(`${e.w}/${e.token}`);
+    if (!l) continue;
+    const o = outcome.get(e.op);
+    const late = e.t > leaseEnd(l) + SLACK_MS;
+    if (!late) {
+      if (o === 'refused') n.validRefused++;
+      continue;
+    }
+    n.late++;
+    if (o === 'refused') n.lateRefused++;
+    else if (final.log.some((r) => r.op === e.op)) {
+      if (afterHigher.has(e.op))
+        violations.push(
+          `late write ${e.op} (w${e.w}, token ${e.token}, sent at ${fmt(e.t)} after its permit ended at ${fmt(leaseEnd(l))}) committed after a higher token`,
+        );
+      else n.harmless++;
+    } else n.indeterminate++;
+  }
+  const late =
+    n.late === 0
+      ? 'no late writes'
+      : `${n.late} late writes (sent after the writer's permit had ended): ${n.lateRefused} refused, ${n.harmless} committed before any higher token (harmless)${n.indeterminate ? `, ${n.indeterminate} never committed` : ''}`;
+  const all = [...tokens.violations, ...violations];
+  return {
+    ...tokens,
+    verdict: tokens.verdict === 'fail' || violations.length > 0 ? 'fail' : 'pass',
+    summary: `${tokens.summary}; ${late}; ${n.validRefused} refused while still valid (a newer permit had written first)`,
+    violations: listed(all),
+    violationCount: tokens.violationCount + violations.length,
+  };
 }
 
 /** I3 at the resource: accepted tokens never decrease, in commit order. */
@@ -326,11 +459,13 @@ function checkLoss(
   crashes: Interval[],
   slowClock: (w: number, from: number, to: number) => boolean,
   durable: boolean,
+  permits: boolean,
 ): CheckResult {
   const violations: string[] = [];
   const n = { handedOff: 0, inTime: 0, frozen: 0, tick: 0, stalled: 0, slow: 0, stateLost: 0, unfinished: 0 };
   let worstResume = 0;
-  const sorted = [...leases].sort((a, b) => (a.token < b.token ? -1 : a.token > b.token ? 1 : 0));
+  // Permits overlap by design: no pairwise take-overs (the permits check counts valid leases instead).
+  const sorted = permits ? [] : [...leases].sort((a, b) => (a.token < b.token ? -1 : a.token > b.token ? 1 : 0));
   const frozenAt = (w: number, t: number): Interval | undefined => (freezes.get(w) ?? []).find((f) => f.from - FREEZE_SLACK_MS <= t && t <= f.to);
 
   for (let i = 1; i < sorted.length; i++) {
@@ -415,7 +550,9 @@ function checkLoss(
     ...(n.stalled ? [`${n.stalled} right after an event-loop stall`] : []),
   ];
   const text = [
-    `${takeovers} take-overs from a holder that had not released (${how.join(', ')})`,
+    permits
+      ? 'permits overlap by design: take-overs are counted by the permits check'
+      : `${takeovers} take-overs from a holder that had not released (${how.join(', ')})`,
     ...(frozenPast > 0
       ? [`${frozenPast} leases ran out during a freeze, each known ≤ ${Math.round(worstResume)} ms after SIGCONT (bound ${RESUME_BOUND_MS} ms)`]
       : []),
@@ -424,7 +561,7 @@ function checkLoss(
           `not checked: ${[n.slow ? `${n.slow} with a clock slower than 1 − driftFactor` : '', n.stateLost ? `${n.stateLost} across a crash that lost the coordinator's state` : ''].filter(Boolean).join(', ')}`,
         ]
       : []),
-    `${n.handedOff} hand-offs after a release`,
+    ...(permits ? [] : [`${n.handedOff} hand-offs after a release`]),
   ];
   return result('i6', 'I6: loss signalled in time', violations, text.join('; '));
 }

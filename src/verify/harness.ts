@@ -2,7 +2,10 @@
  * `leasehold verify`: a Jepsen-style check of a deployment. N real worker processes (worker.ts)
  * loop acquire → work → write → release on one key and one resource while the nemesis freezes
  * them, delays their requests, crashes the coordinator and skews their clocks on a seeded
- * schedule; the checker then reads the recorded history and the resource's final state.
+ * schedule; the checker then reads the recorded history and the resource's final state. With
+ * `limit` the workers hold permits of a semaphore of that many (and with `countThenAcquire`, the
+ * control, a semaphore they build from inspect and a shared lock); the checker then counts valid
+ * permits instead of pairing take-overs (see checker.ts).
  *
  * Resolves with the verdict ({@link VerifyResult}: `passed` only when every check passed and the
  * run had no problem). Rejects with a {@link VerifyError} saying why there is no verdict: bad
@@ -222,10 +225,17 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
       ? `${o.url} (${coordinator.name}, started by verify${coordinator.durable ? '' : '; no persistence'})`
       : redact(coordinatorUrl);
     const storeText = p.fence === 'sqlite' ? 'SQLite file in the run directory' : redact(storeLocation);
+    const leaseText =
+      o.limit === undefined
+        ? "an exclusive lock (one holder at a time: a leader's term)"
+        : o.countThenAcquire
+          ? `CONTROL RUN (--count-then-acquire): a semaphore of ${o.limit} built by the workers (count the holders with inspect, then take a plain shared lock if fewer than ${o.limit}): the permits check must fail`
+          : `permits of a semaphore of ${o.limit} (acquire with limit ${o.limit})`;
     print(
       `leasehold verify: run ${runId}, seed ${seed} (repeat with --seed ${seed})`,
       `  coordinator  ${coordinatorText}`,
       `  resource     ${p.fence}: ${storeText}; ${o.fenced ? `writes through the fence (${p.fence}Fence)` : 'CONTROL RUN (--no-fence): read after acquiring, write without any token check'}`,
+      `  lease        ${leaseText}`,
       `  workers      ${o.workers} processes, ${formatDuration(o.durationMs)}, ttl ${formatDuration(effectiveTtl)}${effectiveTtl !== o.ttlMs ? ` (the coordinator's minimum; asked ${formatDuration(o.ttlMs)})` : ''}, work ${formatDuration(workMs)} before each write`,
       `  nemesis      ${nemeses.length === 0 ? 'none' : nemeses.map((n) => (n.notApplicable ? `${n.kind} n/a (${n.notApplicable})` : n.kind)).join('; ')}`,
       ...describeSchedule(schedule, active).map((l, i) => `  ${i === 0 ? 'schedule' : '        '}     ${l}`),
@@ -269,6 +279,8 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
         workMs,
         waitMs: Math.max(10_000, 10 * effectiveTtl),
         fenced: o.fenced,
+        limit: o.limit,
+        countThenAcquire: o.countThenAcquire === true,
         // Each worker's clock starts at a different, large offset: offsets never matter (only differences are used).
         clock: { offsetMs: ((seed % 1_000) + w) * 86_400_000 * (w % 2 === 0 ? 1 : -1), rate: 1 },
         driftFactor: DEFAULTS.driftFactor,
@@ -369,6 +381,7 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
       fenced: o.fenced,
       driftFactor: DEFAULTS.driftFactor,
       coordinatorDurable: coordinator?.durable ?? true,
+      limit: o.limit,
     });
     if (stats.accepted === 0) failures.push('no write was accepted: the run proves nothing (is the coordinator reachable? try a longer --duration)');
     print(...formatSummary({ stats, checks, nemeses, runProblems: failures }));
@@ -385,6 +398,8 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
             coordinator: redact(coordinatorUrl),
             fence: p.fence,
             fenced: o.fenced,
+            limit: o.limit ?? null,
+            countThenAcquire: o.countThenAcquire === true,
             workers: o.workers,
             durationMs: o.durationMs,
             ttlMs: effectiveTtl,
@@ -399,7 +414,7 @@ export async function runVerify(o: VerifyOptions, out: Writable): Promise<Verify
           checks,
           flagged,
           workers: workers.map((w) => w.index),
-          title: `leasehold verify — ${o.fenced ? `${p.fence} fence` : 'control run (no fence)'}, ${redact(o.url)}`,
+          title: `leasehold verify — ${o.fenced ? `${p.fence} fence` : 'control run (no fence)'}${o.limit === undefined ? '' : o.countThenAcquire ? `, count-then-acquire control of a limit of ${o.limit}` : `, semaphore of ${o.limit}`}, ${redact(o.url)}`,
           subtitle: `run ${runId}, seed ${seed}, ${o.workers} workers, ttl ${formatDuration(effectiveTtl)}, work ${formatDuration(workMs)}; verdict ${checks.every((c) => c.verdict === 'pass') && failures.length === 0 ? 'PASS' : 'FAIL'}`,
           endMs,
         });

@@ -3,7 +3,7 @@
  * (src/cli) imports: run a check, read its verdict. Exit codes are the command's business.
  */
 export { runVerify, type VerifyResult } from './harness.js';
-export { VERIFY_LIMITS, type VerifyOptions } from './plan.js';
+export { defaultWorkers, VERIFY_LIMITS, type VerifyOptions } from './plan.js';
 export { VerifyError, type VerifyErrorKind } from './errors.js';
 export type { CheckResult, Stats } from './checker.js';
 export { MAX_SEED } from './random.js';

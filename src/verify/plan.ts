@@ -6,6 +6,7 @@
 import { resolve } from 'node:path';
 import { backendLoader, redact } from '../connect.js';
 import { InvalidArgumentError } from '../core/errors.js';
+import { MAX_LIMIT } from '../core/options.js';
 import { formatDuration } from '../util/duration.js';
 import { VerifyError } from './errors.js';
 import { LOCAL_KINDS, type LocalKind } from './local.js';
@@ -35,6 +36,15 @@ export interface VerifyOptions {
   /** false: the control run (`--no-fence`). @default true */
   fenced: boolean;
   reportDir?: string | undefined;
+  /** The workers hold permits of a semaphore of this many instead of an exclusive lock (1 … 10,000, fewer than `workers`). */
+  limit?: number | undefined;
+  /** The control run of `limit`: a semaphore the workers build themselves, count with inspect then take a shared lock (must fail). */
+  countThenAcquire?: boolean | undefined;
+}
+
+/** `--workers` when `--limit N` is given without it: 2N + 2 (at most 64), enough contenders that the control fails reliably. */
+export function defaultWorkers(limit: number | undefined): number {
+  return limit === undefined ? 3 : Math.min(VERIFY_LIMITS.maxWorkers, 2 * limit + 2);
 }
 
 /** Limits, each with its reason. */
@@ -88,6 +98,16 @@ export function plan(o: VerifyOptions): Plan {
   if (o.durationMs < 2 * o.ttlMs) throw usage(`--duration (${formatDuration(o.durationMs)}) must be at least twice --ttl (${formatDuration(o.ttlMs)})`);
   if (o.workMs !== undefined && o.workMs >= o.ttlMs)
     throw usage(`--work (${formatDuration(o.workMs)}) must be shorter than --ttl (${formatDuration(o.ttlMs)})`);
+  if (o.limit !== undefined) {
+    if (!Number.isInteger(o.limit) || o.limit < 1 || o.limit > MAX_LIMIT) throw usage(`--limit must be an integer from 1 to ${MAX_LIMIT}, got ${o.limit}`);
+    if (o.workers <= o.limit)
+      throw usage(`--limit ${o.limit} needs more --workers than permits (got ${o.workers}), or no worker ever waits for one and nothing is checked`);
+    if (!o.fenced)
+      throw usage(
+        '--limit and --no-fence do not go together: N permit holders write at once by design, so unfenced writes lose updates whether or not the semaphore works (the control run of --limit is --count-then-acquire)',
+      );
+  }
+  if (o.countThenAcquire && o.limit === undefined) throw usage('--count-then-acquire is the control run of --limit N: give --limit too');
   const coordinator = coordinatorKind(o.url);
   const fence = o.fence ?? ((STORE_KINDS as readonly string[]).includes(coordinator.tech) ? (coordinator.tech as StoreKind) : 'sqlite');
   if (!STORE_KINDS.includes(fence)) throw usage(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`);

@@ -42,6 +42,13 @@ export interface WorkerConfig {
   clock: { offsetMs: number; rate: number };
   /** Locks' driftFactor (the verifier uses the default; passed so the checker and worker agree). */
   driftFactor: number;
+  /** `verify --limit N`: each lease is a permit of a semaphore of N (`acquire(key, { limit })`). Undefined: an exclusive lock. */
+  limit?: number | undefined;
+  /**
+   * The control of `--limit` (`--count-then-acquire`): a broken semaphore, as code that builds its own
+   * would: count the key's holders with inspect, and take a plain shared lock when fewer than `limit`.
+   */
+  countThenAcquire?: boolean | undefined;
 }
 
 export type WorkerCommand =

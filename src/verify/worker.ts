@@ -11,6 +11,9 @@
  * - control (`--no-fence`): the counter is read right after acquiring; after the work the worker
  *   stores value + 1 and appends its row, trusting its lock.
  *
+ * With `limit` the lease is a permit of a semaphore of that many; with `countThenAcquire` (the
+ * control of `--limit`) it is a plain shared lock taken after counting the holders with inspect.
+ *
  * Besides the loop it runs a 10 ms event-loop monitor. When `lease.signal` aborts, the `lost`
  * event says whether the loop ran a timer due after the lease's validity deadline before the
  * signal: if not, the process was not running (frozen or stalled) from the deadline until the
@@ -128,13 +131,29 @@ async function main(): Promise<void> {
   // current lease's validity may have moved, and reportValidity reads it from the lease itself.
   locks.on('renewed', () => reportValidity());
 
+  /** The lock, a permit of the semaphore (`limit`), or the control's broken semaphore (count, then a plain shared lock). */
+  const acquire = async (): Promise<Lease> => {
+    const base = { ttlMs: config.ttlMs, waitMs: config.waitMs, signal: stop.signal };
+    if (config.limit === undefined) return locks.acquire(config.key, base);
+    if (!config.countThenAcquire) return locks.acquire(config.key, { ...base, limit: config.limit });
+    const giveUp = performance.now() + config.waitMs;
+    for (;;) {
+      const state = (await locks.inspect(config.key)).find((s) => s.key === config.key);
+      // The race this control exists to lose: others count the same free place before anyone takes it.
+      if ((state?.holders.length ?? 0) < config.limit) return locks.acquire(config.key, { ...base, mode: 'shared' });
+      if (stop.signal.aborted) throw stop.signal.reason;
+      if (performance.now() > giveUp) throw new Error(`count-then-acquire: all ${config.limit} places taken for ${config.waitMs} ms`);
+      await sleep(1 + Math.random() * 4, { signal: stop.signal });
+    }
+  };
+
   const loop = async (): Promise<void> => {
     for (let n = 1; !stop.signal.aborted; n++) {
       const op = `w${w}.${n}`;
       emit({ type: 'acquire', op });
       let lease: Lease;
       try {
-        lease = await locks.acquire(config.key, { ttlMs: config.ttlMs, waitMs: config.waitMs, signal: stop.signal });
+        lease = await acquire();
       } catch (error) {
         if (stop.signal.aborted) break;
         emit({ type: 'acquire-failed', op, error: describeError(error) });

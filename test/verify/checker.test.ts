@@ -44,8 +44,8 @@ function final(
   return { counter, log: rows, highest };
 }
 
-function run(events: HistoryEvent[], state: FinalState, o: { fenced?: boolean; durable?: boolean } = {}): Record<string, CheckResult> {
-  const { checks } = check({ events, final: state, fenced: o.fenced ?? true, driftFactor: 0.01, coordinatorDurable: o.durable ?? true });
+function run(events: HistoryEvent[], state: FinalState, o: { fenced?: boolean; durable?: boolean; limit?: number } = {}): Record<string, CheckResult> {
+  const { checks } = check({ events, final: state, fenced: o.fenced ?? true, driftFactor: 0.01, coordinatorDurable: o.durable ?? true, limit: o.limit });
   return Object.fromEntries(checks.map((c) => [c.id, c]));
 }
 
@@ -183,6 +183,87 @@ describe('verify: the checker', () => {
       const crashed = [...past, { type: 'crash', t: 200, what: 'redis' } as HistoryEvent, { type: 'restart', t: 300, what: 'redis' } as HistoryEvent];
       expect(run(crashed, final([]), { durable: false }).i6).toMatchObject({ verdict: 'pass' });
       expect(run(crashed, final([]), { durable: true }).i6!.verdict).toBe('fail');
+    });
+  });
+
+  describe('--limit (permits of a semaphore)', () => {
+    // Three permits: w1 [1, 296), w2 [51, 346), w3 [101, 396) by validity; w4 granted at 201 while all three are valid.
+    const overlapping = (): HistoryEvent[] => [
+      ...op(1, 1, 1, 0, { write: 'none', release: null }),
+      ...op(2, 1, 2, 50, { write: 'none', release: null }),
+      ...op(3, 1, 3, 100, { write: 'none', release: null }),
+    ];
+
+    it('at most N valid at once passes; one more fails, naming the moment and the permits', () => {
+      const ok = run(overlapping(), final([]), { limit: 3 });
+      expect(Object.keys(ok)).toEqual(['grants', 'permits', 'tokens', 'lost-update', 'i6']);
+      expect(ok.permits).toMatchObject({ verdict: 'pass', title: 'permits: at most 3 valid at once (I9)' });
+      expect(ok.permits!.summary).toBe('3 permits, at most 3 valid at once (limit 3)');
+      // Permits overlap by design: the pairwise I6 take-over analysis is not applied.
+      expect(ok.i6).toMatchObject({ verdict: 'pass' });
+      expect(ok.i6!.summary).toContain('permits overlap by design');
+      const bad = run(overlapping(), final([]), { limit: 2 });
+      expect(bad.permits!.verdict).toBe('fail');
+      expect(bad.permits!.violations).toEqual([
+        '3 permits valid at once at 0.101s, limit 2: w1 token 1 (granted 0.001s, valid until 0.296s), w2 token 2 (granted 0.051s, valid until 0.346s), w3 token 3 (granted 0.101s, valid until 0.396s)',
+      ]);
+    });
+
+    it('a permit stops counting at its release, its loss signal or its validity deadline, whichever comes first', () => {
+      const released = [
+        ...overlapping().filter((e) => !(e.type === 'validity' && e.w === 1)),
+        { type: 'release', t: 90, w: 1, op: 'w1.1', token: '1' } as HistoryEvent,
+      ];
+      // w1's validity event is gone (as if never reported): its release at 0.090s ends it.
+      expect(run(released, final([]), { limit: 2 }).permits).toMatchObject({ verdict: 'pass' });
+      const lost = [...overlapping(), { type: 'lost', t: 95, w: 1, token: '1', reason: 'not-held', due: 296, running: true } as HistoryEvent];
+      expect(run(lost, final([]), { limit: 2 }).permits).toMatchObject({ verdict: 'pass' });
+      const expired = [
+        ...op(1, 1, 1, 0, { write: 'none', release: null, ttl: 50 }),
+        ...op(2, 1, 2, 50, { write: 'none', release: null }),
+        ...op(3, 1, 3, 100, { write: 'none', release: null }),
+      ];
+      expect(run(expired, final([]), { limit: 2 }).permits).toMatchObject({ verdict: 'pass' });
+    });
+
+    it('a moment over the limit is not checked when a permit counted had a slow clock', () => {
+      const slow = [...overlapping(), { type: 'clock', t: 0, w: 1, rate: 0.9, offsetMs: 0 } as HistoryEvent];
+      const r = run(slow, final([]), { limit: 2 });
+      expect(r.permits).toMatchObject({ verdict: 'pass' });
+      expect(r.permits!.summary).toContain('not checked: 1 moments with a clock slower than 1 − driftFactor');
+    });
+
+    it('late writes (sent after the permit ended) must be refused or committed before any higher token; valid permits refused are counted', () => {
+      // w1 (token 1, valid until 0.296s) is frozen and writes at 0.500s; w2 (token 2) wrote at 0.111s.
+      const late = (outcome: 'accepted' | 'refused'): HistoryEvent[] => [
+        ...op(1, 1, 1, 0, { write: 'none', release: 600 }),
+        { type: 'write', t: 500, w: 1, op: 'w1.1', token: '1' },
+        outcome === 'accepted'
+          ? ({ type: 'accepted', t: 501, w: 1, op: 'w1.1', token: '1' } as HistoryEvent)
+          : ({ type: 'refused', t: 501, w: 1, op: 'w1.1', token: '1', highest: '2' } as HistoryEvent),
+        ...op(2, 1, 2, 50),
+      ];
+      const refused = run(late('refused'), final([row(1, 2, 1, 2, 1)]), { limit: 2 });
+      expect(refused.tokens).toMatchObject({ verdict: 'pass' });
+      expect(refused.tokens!.summary).toContain(
+        "1 late writes (sent after the writer's permit had ended): 1 refused, 0 committed before any higher token (harmless)",
+      );
+      const overwrote = run(late('accepted'), final([row(1, 2, 1, 2, 1), row(2, 1, 1, 1, 2)], 2, 2n), { limit: 2 });
+      expect(overwrote.tokens!.verdict).toBe('fail');
+      expect(overwrote.tokens!.violations).toEqual(
+        expect.arrayContaining([
+          expect.stringMatching(/^late write w1\.1 \(w1, token 1, sent at 0\.500s after its permit ended at 0\.296s\) committed after a higher token$/),
+        ]),
+      );
+      // Committed first, before any higher token: harmless.
+      const first = run(late('accepted'), final([row(1, 1, 1, 1, 1), row(2, 2, 1, 2, 2)]), { limit: 2 });
+      expect(first.tokens).toMatchObject({ verdict: 'pass' });
+      expect(first.tokens!.summary).toContain('0 refused, 1 committed before any higher token (harmless)');
+      // A valid permit refused because a newer one wrote first: counted, not a violation.
+      const validRefused = [...op(1, 1, 1, 0, { write: 'refused' }), ...op(2, 1, 2, 20)];
+      const v = run(validRefused, final([row(1, 2, 1, 2, 1)]), { limit: 2 });
+      expect(v.tokens).toMatchObject({ verdict: 'pass' });
+      expect(v.tokens!.summary).toContain('1 refused while still valid (a newer permit had written first)');
     });
   });
 });

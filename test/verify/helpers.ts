@@ -30,7 +30,7 @@ export async function verify(args: readonly string[], sb: Sandbox, timeoutMs = 1
   const marker = randomBytes(6).toString('hex');
   const r = await runCli(['verify', ...args], sb, { env: { [MUTANT_ENV]: '', ...env, [MARKER]: marker }, timeoutMs });
   const verdicts: Record<string, string> = {};
-  for (const m of r.stdout.matchAll(/^ {2}(grants|fence|no lost update|I6|run)\b.*?\s(PASS|FAIL)\s/gm)) verdicts[m[1]!] = m[2]!;
+  for (const m of r.stdout.matchAll(/^ {2}(grants|permits|fence|no lost update|I6|run)\b.*?\s(PASS|FAIL)\s/gm)) verdicts[m[1]!] = m[2]!;
   const lines = r.stdout.split('\n');
   const faults = lines.find((l) => l.startsWith('  faults')) ?? '';
   return { ...r, marker, verdicts, schedule: scheduleLines(lines), faults };
