@@ -6,10 +6,17 @@
  * num(x): a number as a decimal integer string (no exponent).
  * clock(): the server's TIME as ms and µs.
  * holder(v) / holder_record(h): a holder record, `mode|token|expiresAt|lockDelayMs|session|label`
- *   (mode e|s; expiresAt in server ms, 0 when the session decides; session '' for none).
+ *   (mode e|s, a semaphore permit's followed by its limit: `s3`; expiresAt in server ms, 0 when the
+ *   session decides; session '' for none). A record without a limit (a plain lock, or data written
+ *   before permits existed) reads as `lim` nil.
  * session_expiry(sp, id): the expiry of session `id` (hash `e` under prefix `sp`), -1 when gone. A
  *   session hash holds e = expiry in server ms and ld = the longest lock-delay of its leases.
- * compatible(live, mode): whether a holder of `mode` may join the live holders.
+ * compatible(live, mode, lim): whether a holder of `mode` (a permit: `lim`, else nil) may join the
+ *   live holders: the key is free; or it is shared, all its holders share `lim` and, for permits,
+ *   fewer than `lim` hold.
+ * limit_conflict(live, mode, lim): for a shared request (a permit, or plain: `lim` nil), the limit
+ *   the live shared holders record when it is not `lim` (a decimal string; '' for plain shared
+ *   holders), else nil. Such a request is refused, not queued (`AcquireRequest.limit`).
  * extend_at(key, at, now): moves the key's expiry to `at` if it would expire earlier (never shortens).
  */
 export const LUA_PRELUDE = `
@@ -20,23 +27,30 @@ local function clock()
   return s * 1000 + math.floor(us / 1000), s * 1000000 + us
 end
 local function holder(v)
-  local m, tok, exp, ld, ses, lab = string.match(v, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  local m, lim, tok, exp, ld, ses, lab = string.match(v, '^(%a)(%d*)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
   if not m then return nil end
-  return { mode = m, tok = tok, exp = tonumber(exp), ld = tonumber(ld), ses = ses, label = lab }
+  return { mode = m, lim = tonumber(lim), tok = tok, exp = tonumber(exp), ld = tonumber(ld), ses = ses, label = lab }
 end
 local function holder_record(h)
-  return h.mode .. '|' .. h.tok .. '|' .. num(h.exp) .. '|' .. num(h.ld) .. '|' .. h.ses .. '|' .. h.label
+  return h.mode .. (h.lim and num(h.lim) or '') .. '|' .. h.tok .. '|' .. num(h.exp) .. '|' .. num(h.ld) .. '|' .. h.ses .. '|' .. h.label
 end
 local function session_expiry(sp, id)
   local e = redis.call('HGET', sp .. id, 'e')
   if e then return tonumber(e) end
   return -1
 end
-local function compatible(live, mode)
+local function compatible(live, mode, lim)
   if #live == 0 then return true end
   if mode == 'e' then return false end
-  for _, h in ipairs(live) do if h.mode ~= 's' then return false end end
-  return true
+  for _, h in ipairs(live) do if h.mode ~= 's' or h.lim ~= lim then return false end end
+  return lim == nil or #live < lim
+end
+local function limit_conflict(live, mode, lim)
+  if mode ~= 's' then return nil end
+  for _, h in ipairs(live) do
+    if h.mode == 's' and h.lim ~= lim then return h.lim and num(h.lim) or '' end
+  end
+  return nil
 end
 local function extend_at(key, at, now)
   local p = redis.call('PTTL', key)

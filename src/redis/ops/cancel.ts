@@ -27,6 +27,7 @@ local live, d, f = purge(lk, sp, now)
 local queue_empty = hand_off(lk, qk, wk, sp, live, d, f, now, now_us, now_us_s)
 store_state(lk, f, state(live, not queue_empty, d > now))
 gc(lk, qk, wk, live, d, now, retain, queue_empty)
+notify(lk, f.w, now)
 return 1`,
 );
 

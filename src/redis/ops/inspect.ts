@@ -5,15 +5,16 @@ import { luaOp } from '../lua/library.js';
 import { int } from '../lua/script.js';
 import type { OpContext } from './context.js';
 
-/** lastToken, lockDelayRemaining (ms), waiters, then per holder: mode (e|s), token, expiresIn (ms), label. */
+/** lastToken, lockDelayRemaining (ms), waiters, then per holder: mode (e|s, a permit's s<limit>), token, expiresIn (ms), label. */
 type InspectReply = readonly [lastToken: string, lockDelayRemaining: string, waiters: number, ...holders: string[]];
 
 /**
  * inspect: the state of one lock, purging what expired (holders whose time or session ran out,
  * waiters whose place expired).
  *
- * KEYS: lock. ARGV: retain (ms). Reply: {lastToken, lockDelayRemaining, waiters, then mode, token,
- * expiresIn, label per holder}.
+ * KEYS: lock. ARGV: retain (ms). Reply: {lastToken, lockDelayRemaining, waiters, then mode (e|s,
+ * a permit's s<limit>), token, expiresIn, label per holder}. Holders it found expired are told to
+ * the key's watchers (notify).
  */
 export const INSPECT = luaOp<[lock: string], [retain: string], InspectReply>(
   'inspect',
@@ -31,12 +32,15 @@ if queued_hint(f) then
   end
   if waiters == 0 then store_state(lk, f, state(live, false, d > now)) end
 end
-if purged then gc(lk, qk, wk, live, d, now, tonumber(ARGV[1]), not queued_hint(f)) end
+if purged then
+  gc(lk, qk, wk, live, d, now, tonumber(ARGV[1]), not queued_hint(f))
+  notify(lk, f.w, now)
+end
 local delay = 0
 if d > now then delay = d - now end
 local out = { f.t or '0', num(delay), waiters }
 for _, h in ipairs(live) do
-  out[#out + 1] = h.mode
+  out[#out + 1] = h.mode .. (h.lim and num(h.lim) or '')
   out[#out + 1] = h.tok
   out[#out + 1] = num(h.exp - now)
   out[#out + 1] = h.label
@@ -74,9 +78,12 @@ export async function inspect(ctx: OpContext, keyPrefix: string): Promise<KeySta
     batch.forEach((lock, j) => {
       const r = replies[j]!;
       const holders: HolderState[] = [];
+      let limit: number | undefined;
       for (let x = 3; x + 3 < r.length; x += 4) {
+        const mode = String(r[x]);
+        if (mode.length > 1) limit ??= Number(mode.slice(1));
         holders.push({
-          mode: r[x] === 's' ? 'shared' : 'exclusive',
+          mode: mode[0] === 's' ? 'shared' : 'exclusive',
           token: BigInt(String(r[x + 1])),
           expiresInMs: Math.max(0, Number(r[x + 2])),
           holder: String(r[x + 3]),
@@ -85,7 +92,14 @@ export async function inspect(ctx: OpContext, keyPrefix: string): Promise<KeySta
       const waiters = int(r[2]);
       const lockDelayRemainingMs = Number(r[1]);
       if (holders.length === 0 && waiters === 0 && lockDelayRemainingMs === 0) return;
-      out.push({ key: keyOfLock(ctx.prefix, lock), lastToken: BigInt(String(r[0])), holders, waiters, lockDelayRemainingMs });
+      out.push({
+        key: keyOfLock(ctx.prefix, lock),
+        lastToken: BigInt(String(r[0])),
+        holders,
+        waiters,
+        lockDelayRemainingMs,
+        ...(limit !== undefined && { limit }),
+      });
     });
   }
   return out;

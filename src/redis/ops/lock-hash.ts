@@ -9,7 +9,9 @@
  *                 h:<owner> = holder record (`lua/prelude.ts`) for each holder,
  *                 s = state hint: the number of holder fields, then `l` if one of them has a
  *                 lock-delay, `q` while the queue may be non-empty and `d` while a lock-delay
- *                 may run; absent when none of them is so
+ *                 may run; absent when none of them is so,
+ *                 w = until when (server ms) a client watches the key (`watch.ts`): while it is in
+ *                 the future, a change of holders is published on the key's watch channel
  *   queue   zset  owner by arrival sequence                               (only while someone waits)
  *   waiters hash  <owner> = mode|expiresAt|wakeId|lockDelayMs|session|#channel|channel label
  *                 for each waiter (only while someone waits; see `queue.ts`)
@@ -36,6 +38,10 @@
  *   Returns the live holders, the lock-delay end, the other fields (`f.s` kept equal to what is
  *   stored) and whether it removed a holder (then the caller runs gc: a key kept for a holder now
  *   gone gets its TTL).
+ * notify(lk, w, now): a change of the key's holders (a grant, a release, an expiry noticed) told
+ *   to its watchers: PUBLISH on `<lock key>:watch` when `w` (the field, as read) is set; where the
+ *   caller has no `now` (a fast path that reads no TIME) without judging it, else a lapsed `w` is
+ *   deleted instead. Nobody watching costs nothing: the field is read in the same HMGET/HGETALL.
  * gc(lk, qk, wk, live, d, now, retain, queue_empty): key TTLs from the live holders: none while a
  *   session-bound holder lives (the session decides its end), else the latest expiry plus
  *   lock-delay, plus `retain` for the counter.
@@ -114,6 +120,14 @@ local function purge(lk, sp, now)
   end
   store_state(lk, f, state(live, queued_hint(f), d > now))
   return live, d, f, #gone > 0
+end
+local function notify(lk, w, now)
+  if not w then return end
+  if now and tonumber(w) <= now then
+    redis.call('HDEL', lk, 'w')
+    return
+  end
+  redis.call('PUBLISH', lk .. ':watch', '')
 end
 local function gc(lk, qk, wk, live, d, now, retain, queue_empty)
   local horizon = now

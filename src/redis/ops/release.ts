@@ -7,7 +7,7 @@ import type { OpContext } from './context.js';
  * whether or not it expired (a release and an expiry then end the same way, so its expiry need not
  * be judged); one with lock-delay is deleted only if still live (an expired one is left to purge,
  * which starts its lock-delay, I8). Then the queue is served from its head (hand_off: the head
- * waiter is granted the key, or told it may go).
+ * waiter is granted the key, or told it may go), and the key's watchers are told (notify).
  *
  * KEYS: lock. ARGV: owner, token, retain (ms). Reply: 1 if released, 0 if it held nothing (any more).
  *
@@ -23,21 +23,25 @@ export const RELEASE = luaOp<[lock: string], [owner: string, token: string, reta
 local lk = KEYS[1]
 local owner, token = ARGV[1], ARGV[2]
 local hf = 'h:' .. owner
-local top = redis.call('HMGET', lk, hf, 's')
+local top = redis.call('HMGET', lk, hf, 's', 'w')
 local v = top[1]
 if not v then return 0 end
--- the record is mode|token|expiresAt|…: the token is checked in place, without parsing
+-- the record is mode|token|expiresAt|… (a permit's mode with its limit, s3): the token is checked
+-- in place, without parsing; o is where it starts (3 but for a permit)
 local n = #token
-if top[2] == '1' and string.find(v, token, 3, true) == 3 and string.byte(v, n + 3) == 124 then
+local o = string.find(v, '|', 2, true)
+o = o and o + 1
+if top[2] == '1' and o and string.find(v, token, o, true) == o and string.byte(v, n + o) == 124 then
   -- the only holder, without lock-delay; nobody waits, no lock-delay runs: delete it and the
   -- state (the key is free)
   redis.call('HDEL', lk, hf, 's')
   -- a holder of its own set the key's expiry past now + retain at its grant or renewal; a
   -- session-bound one (expiresAt 0) had it removed: keep the counter retain from now
-  if string.byte(v, n + 4) == 48 and string.byte(v, n + 5) == 124 then redis.call('PEXPIRE', lk, ARGV[3]) end
+  if string.byte(v, n + o + 1) == 48 and string.byte(v, n + o + 2) == 124 then redis.call('PEXPIRE', lk, ARGV[3]) end
+  if top[3] then notify(lk, top[3], nil) end
   return 1
 end
-local tok, ld = string.match(v, '^%a|(%d+)|%d+|(%d+)|')
+local tok, ld = string.match(v, '^%a%d*|(%d+)|%d+|(%d+)|')
 if tok and tok ~= token then return 0 end
 local qk, wk, sp = other_keys(lk)
 local now, now_us, now_us_s = clock_us()
@@ -63,6 +67,7 @@ if queued_hint(f) then
   store_state(lk, f, state(live, not queue_empty, d > now))
 end
 gc(lk, qk, wk, live, d, now, tonumber(ARGV[3]), queue_empty)
+notify(lk, f.w, now)
 return released`,
 );
 
