@@ -8,6 +8,7 @@ import type { Conn, RedisClientLike } from '../conn/types.js';
 import { Deadlines } from '../deadline.js';
 import { mapRedisError } from '../errors.js';
 import { checkKeyPrefix, keyOfLock, lockKeyOf, lockPattern } from '../keys.js';
+import { limitConflict } from '../limit.js';
 import { int, type LuaScript } from '../lua/script.js';
 import { NODE_ACQUIRE } from './acquire.js';
 import { NODE_COMMIT } from './commit.js';
@@ -54,6 +55,8 @@ export const REDLOCK_DEFAULTS = Object.freeze({
   contenderTtlMs: 500,
   /** Conflicting token commits (concurrent grants) are retried this many times with a higher proposal. */
   commitAttempts: 3,
+  /** The permits this client holds are remembered for their renewals (see `permits` below); past this many, the lapsed ones are swept. */
+  permitsSweepAt: 1_024,
 });
 
 type Outcome<T> =
@@ -108,6 +111,15 @@ function gather<T>(n: number, call: (node: number) => Promise<T>, enough: (outco
  * lease, not the order of tokens: when they misbehave and two clients hold the key, the later
  * grant still has the higher token, and the fence refuses the older holder.
  *
+ * Semaphore permits (`AcquireRequest.limit` = L): each server admits at most L permit records at
+ * once (its scripts check the limit as they do for a lock), and a permit is granted and renewed
+ * only when recorded on floor(N × L / (L + 1)) + 1 of the N servers — a majority for L = 1, but
+ * more for L > 1: with a bare majority three clients could each hold two of three servers while no
+ * server has more than two records, three valid permits of a semaphore of two. With that quorum,
+ * L + 1 valid permits would need (L + 1) × quorum > N × L records, more than N servers of at most
+ * L each can hold (I9). The price: a semaphore of L ≥ 2 on three servers needs all three (on five:
+ * four for L = 2 or 3, all five from L = 4). Waiters poll, as for locks: no queue, not fair.
+ *
  * The closed state and inspect's order are core's (`guardBackend`).
  */
 export function redlockBackend(options: RedlockBackendOptions): Backend {
@@ -139,6 +151,23 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
   /** Stops close() from closing twice (core's guard does that too; a direct user may not have it). */
   let closed = false;
   const keysOf = (key: string): LockKeys => lockKeys(lockKeyOf(prefix, key));
+  /** Servers a grant needs: a majority, and for a permit of `limit` floor(n × limit / (limit + 1)) + 1 (see above). */
+  const quorumOf = (limit: number | undefined): number => (limit === undefined ? quorum : Math.floor((n * limit) / (limit + 1)) + 1);
+  /**
+   * The limit of each permit this client holds, by owner, for its renewals (which must record it
+   * again where a server lost it, and reach its quorum): a RenewRequest carries no limit. Removed
+   * at release and at a failed renewal; a lease lost without either (not renewed, never released)
+   * is swept once its ttl has passed since its grant or last renewal.
+   */
+  const permits = new Map<string, { limit: number; ttlMs: number; at: number }>();
+  const rememberPermit = (owner: string, limit: number, ttlMs: number): void => {
+    const now = performance.now();
+    if (permits.size >= REDLOCK_DEFAULTS.permitsSweepAt) for (const [o, p] of permits) if (now - p.at > p.ttlMs) permits.delete(o);
+    permits.set(owner, { limit, ttlMs, at: now });
+  };
+  /** The mode the scripts take: e, s, or s<limit> for a permit. */
+  const modeOf = (mode: AcquireRequest['mode'], limit: number | undefined): 'e' | 's' | `s${number}` =>
+    mode === 'exclusive' ? 'e' : limit === undefined ? 's' : `s${limit}`;
   /** One script on one server, bounded. */
   const on = <A extends readonly string[], R>(node: number, what: string, script: LuaScript<LockKeys, A, R>, keys: LockKeys, args: A): Promise<R> =>
     deadlines.bound(script.run(nodes[node]!, keys, args), what);
@@ -171,7 +200,9 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const start = performance.now();
       const keys = keysOf(req.key);
-      const mode = req.mode === 'shared' ? 's' : 'e';
+      const limit = req.mode === 'shared' ? req.limit : undefined;
+      const mode = modeOf(req.mode, limit);
+      const q = quorumOf(limit);
       const first = await gather(
         n,
         (i) =>
@@ -186,7 +217,10 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
           ]),
         (outs) => {
           const granted = outs.filter((x) => x.ok && x.value[0] === 'G').length;
-          return granted >= quorum || outs.length - granted > n - quorum;
+          if (granted >= q) return true;
+          // Refused: answered once it is also decided whether a majority records another limit.
+          const conflicts = outs.filter((x) => x.ok && x.value[0] === 'M').length;
+          return outs.length - granted > n - q && (conflicts >= quorum || outs.length - conflicts > n - quorum);
         },
       );
       const granted = first.filter((x) => x.ok && x.value[0] === 'G');
@@ -194,23 +228,26 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         // Everywhere, including servers whose answer is still on the wire (their release queues behind it).
         void releaseAll({ key: req.key, owner: req.owner, token: 0n, mode: req.mode }).catch(() => {});
       };
-      if (granted.length < quorum) {
+      if (granted.length < q) {
         if (granted.length > 0) giveBack();
+        // A majority of servers has holders of another limit: the key is held so (nothing was written there).
+        const conflicts = first.flatMap((x) => (x.ok && x.value[0] === 'M' ? [x.value[1]] : []));
+        if (conflicts.length >= quorum) throw limitConflict(req.key, String(conflicts[0]), limit);
         const failed = first.filter((x) => !x.ok).length;
-        if (failed > n - quorum) throw unavailable('acquire', first);
+        if (failed > n - q) throw unavailable('acquire', first);
         // The key frees when a majority of servers is free: the quorum-th soonest of their answers (0 where we were granted).
         const waits: number[] = [];
         let holder: string | undefined;
         for (const x of first) {
           if (!x.ok) continue;
           if (x.value[0] === 'G') waits.push(0);
-          else {
+          else if (x.value[0] === 'B') {
             holder ??= x.value[1] || undefined;
             if (x.value[2] !== '') waits.push(Number(x.value[2]));
           }
         }
         waits.sort((a, b) => a - b);
-        const retryInMs = waits.length >= quorum ? waits[quorum - 1] : undefined;
+        const retryInMs = waits.length >= q ? waits[q - 1] : undefined;
         return { granted: false, ...(holder ? { holder } : {}), ...(retryInMs !== undefined ? { retryInMs } : {}) };
       }
 
@@ -218,7 +255,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
       let proposal = 0n;
       for (const x of first) {
         if (!x.ok) continue;
-        const counter = BigInt(x.value[0] === 'G' ? x.value[1] : x.value[3]);
+        const counter = BigInt(x.value[0] === 'G' ? x.value[1] : x.value[0] === 'B' ? x.value[3] : x.value[2]);
         if (counter + 1n > proposal) proposal = counter + 1n;
         if (x.value[0] === 'G' && BigInt(x.value[2]) > proposal) proposal = BigInt(x.value[2]);
       }
@@ -237,6 +274,7 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         const validity = req.ttlMs - (performance.now() - start) - margin;
         if (accepted >= quorum) {
           if (validity <= 0) break;
+          if (limit !== undefined) rememberPermit(req.owner, limit, req.ttlMs);
           return { granted: true, token: proposal, ttlMs: req.ttlMs };
         }
         const higher = commits.filter((x) => x.ok && int(x.value[0]) === 0).map((x) => (x.ok ? BigInt(String(x.value[1])) : 0n));
@@ -253,13 +291,15 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
 
     async renew(req: RenewRequest): Promise<RenewResult> {
       const keys = keysOf(req.key);
-      // The grant's lock-delay and label (core sends them with every renewal): a server that lost the
-      // holder (restarted empty) records it again exactly as granted.
+      const permit = req.mode === 'shared' ? permits.get(req.owner) : undefined;
+      const q = quorumOf(permit?.limit);
+      // The grant's lock-delay and label (core sends them with every renewal), and a permit's limit: a
+      // server that lost the holder (restarted empty) records it again exactly as granted.
       const args = [
         req.owner,
         req.token.toString(),
         String(req.ttlMs),
-        req.mode === 'shared' ? 's' : 'e',
+        modeOf(req.mode, permit?.limit),
         String(req.lockDelayMs ?? 0),
         req.holder ?? '',
         retain,
@@ -270,17 +310,24 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         (xs) => {
           const ok = xs.filter((x) => x.ok && int(x.value) === 1).length;
           const no = xs.filter((x) => x.ok && int(x.value) !== 1).length;
-          return ok >= quorum || no > n - quorum;
+          return ok >= q || no > n - q;
         },
       );
       const ok = outs.filter((x) => x.ok && int(x.value) === 1).length;
-      if (ok >= quorum) return { renewed: true, ttlMs: req.ttlMs };
+      if (ok >= q) {
+        if (permit) permit.at = performance.now();
+        return { renewed: true, ttlMs: req.ttlMs };
+      }
       const refused = outs.filter((x) => x.ok && int(x.value) !== 1).length;
-      if (refused > n - quorum) return { renewed: false };
+      if (refused > n - q) {
+        permits.delete(req.owner);
+        return { renewed: false };
+      }
       throw unavailable('renew', outs);
     },
 
     async release(req: ReleaseRequest): Promise<void> {
+      permits.delete(req.owner);
       const answered = await releaseAll(req);
       if (answered < quorum)
         throw new BackendUnavailableError('redlock', `release reached ${answered} of ${n} servers; the rest free the key when its ttl runs out`);
@@ -322,15 +369,23 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
         const ok = views.flatMap((x) => (x.ok ? [x.value] : []));
         if (ok.length < quorum) continue;
         // A value holds for the key when a majority agrees: the quorum-th largest of the servers' values.
-        const kth = (values: number[]): number => values.sort((a, b) => b - a)[quorum - 1] ?? 0;
+        const kth = (values: number[], k = quorum): number => values.sort((a, b) => b - a)[k - 1] ?? 0;
         let lastToken = 0n;
-        const seen = new Map<string, { count: number; mode: HolderState['mode']; token: bigint; expires: number[]; holder: string }>();
+        const seen = new Map<string, { count: number; mode: HolderState['mode']; limit?: number; token: bigint; expires: number[]; holder: string }>();
         for (const r of ok) {
           const t = BigInt(String(r[0]));
           if (t > lastToken) lastToken = t;
           for (let x = 3; x + 4 < r.length; x += 5) {
             const id = String(r[x]);
-            const s = seen.get(id) ?? { count: 0, mode: r[x + 1] === 's' ? 'shared' : 'exclusive', token: 0n, expires: [], holder: String(r[x + 4]) };
+            const mode = String(r[x + 1]);
+            const s = seen.get(id) ?? {
+              count: 0,
+              mode: mode[0] === 's' ? 'shared' : 'exclusive',
+              ...(mode.length > 1 && { limit: Number(mode.slice(1)) }),
+              token: 0n,
+              expires: [],
+              holder: String(r[x + 4]),
+            };
             s.count++;
             const tok = BigInt(String(r[x + 2]));
             if (tok > s.token) s.token = tok;
@@ -338,13 +393,19 @@ export function redlockBackend(options: RedlockBackendOptions): Backend {
             seen.set(id, s);
           }
         }
-        const holders: HolderState[] = [...seen.values()]
-          .filter((s) => s.count >= quorum && s.token > 0n)
-          .map((s) => ({ mode: s.mode, token: s.token, holder: s.holder, expiresInMs: Math.max(0, kth(s.expires)) }));
+        // A holder counts where its grant's quorum records it (a permit's is larger, see above).
+        const valid = [...seen.values()].filter((s) => s.count >= quorumOf(s.limit) && s.token > 0n);
+        const holders: HolderState[] = valid.map((s) => ({
+          mode: s.mode,
+          token: s.token,
+          holder: s.holder,
+          expiresInMs: Math.max(0, kth(s.expires, quorumOf(s.limit))),
+        }));
+        const limit = valid.find((s) => s.limit !== undefined)?.limit;
         const waiters = Math.max(...ok.map((r) => int(r[2])));
         const lockDelayRemainingMs = kth(ok.map((r) => Number(r[1])));
         if (holders.length === 0 && waiters === 0 && lockDelayRemainingMs === 0) continue;
-        out.push({ key: keyOfLock(prefix, meta), lastToken, holders, waiters, lockDelayRemainingMs });
+        out.push({ key: keyOfLock(prefix, meta), lastToken, holders, waiters, lockDelayRemainingMs, ...(limit !== undefined && { limit }) });
       }
       return out;
     },

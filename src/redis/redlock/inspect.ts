@@ -6,7 +6,7 @@ import { NODE_HELPERS, type LockKeys } from './helpers.js';
  * One server's view of a key (purging what expired there).
  *
  * KEYS: meta, holders, contenders. ARGV: none. Reply: {counter, lockDelayRemaining (ms), live
- * contenders, then per holder: digest of its owner, mode (e|s), token, expiresIn (ms), label}.
+ * contenders, then per holder: digest of its owner, mode (e|s, a permit's s<limit>), token, expiresIn (ms), label}.
  */
 export const NODE_INSPECT = new LuaScript<
   LockKeys,
@@ -25,7 +25,7 @@ if d > now then delay = d - now end
 local out = { meta[1] or '0', num(delay), redis.call('ZCARD', ck) }
 for _, h in ipairs(live) do
   out[#out + 1] = redis.sha1hex(h.owner)
-  out[#out + 1] = h.mode
+  out[#out + 1] = h.mode .. (h.lim and num(h.lim) or '')
   out[#out + 1] = h.tok
   out[#out + 1] = num(h.exp - now)
   out[#out + 1] = h.label
