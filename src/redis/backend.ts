@@ -15,6 +15,7 @@ import { REDIS_LIBRARY } from './ops/library.js';
 import { release } from './ops/release.js';
 import { renew } from './ops/renew.js';
 import { sessionSupport } from './ops/sessions.js';
+import { KeyWatches } from './ops/watch.js';
 import { isWakeCursor, WakeHub } from './wake-hub.js';
 
 export { REDIS_LIBRARY };
@@ -105,6 +106,11 @@ export const REDIS_DEFAULTS = Object.freeze({
  *   `retryInMs` and core's bounded re-check cover it and lost messages.
  * - Sessions: one keep-alive per client and ttl keeps all of its leases (a lock refers to its
  *   session; a lock whose session is gone is free). Single node only (see `sessions`).
+ * - Semaphore permits: the holder record carries the limit; the grant's script checks it, the
+ *   count and the queue (the first limit − holders permit waiters), and release hands a freed
+ *   permit to the head permit waiter (see `ops/acquire.ts`, `ops/queue.ts`).
+ * - Watches (`watch`): a watched key's operations PUBLISH its changes; unwatched keys cost nothing
+ *   (see `ops/watch.ts`).
  *
  * The closed state and inspect's order are core's (`guardBackend`): used directly, a closed
  * backend's calls fail on its closed connection.
@@ -140,6 +146,7 @@ function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Ba
     lockKey: (key) => lockKeyOf(prefix, key),
   };
   const wakes = new WakeHub(conn, { channel: `${prefix}wake:${randomBytes(12).toString('hex')}`, timeoutMs: commandTimeoutMs });
+  const watches = new KeyWatches(ctx, wakes);
   /** Stops close() from closing twice (core's guard does that too; a direct user may not have it). */
   let closed = false;
 
@@ -167,6 +174,8 @@ function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Ba
 
     inspect: (prefixOfKeys) => inspect(ctx, prefixOfKeys),
 
+    watch: watches.watch,
+
     /**
      * Bounded even against a server that accepts connections and never answers: QUIT on each of our
      * connections (this one and the wake-up subscriber) is waited for at most `commandTimeoutMs`,
@@ -175,6 +184,7 @@ function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Ba
     async close() {
       if (closed) return;
       closed = true;
+      watches.close();
       await Promise.all([wakes.close(), conn.close(commandTimeoutMs)]);
     },
   };

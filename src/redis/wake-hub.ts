@@ -1,4 +1,5 @@
 import type { HandOff } from '../core/backend.js';
+import { within } from './conn/bounded.js';
 import type { Conn, Subscriber } from './conn/types.js';
 import { wakeIdOf } from './ops/queue.js';
 
@@ -20,7 +21,8 @@ export function isWakeCursor(value: unknown): value is WakeCursor {
  * This client's wake-up channel: one SUBSCRIBE per backend (on a second connection), messages
  * naming the waiter (`wakeId`, see `ops/queue.ts`), or handing it the key (`wakeId|token|session`).
  * A message that arrives before its waiter subscribed is kept, so the subscription fires at once (no
- * lost wake-up between the busy answer and the subscription).
+ * lost wake-up between the busy answer and the subscription). Other channels (the keys' watch
+ * channels, `ops/watch.ts`) are added to the same connection with {@link WakeHub.listen}.
  *
  * Time: opening the subscriber and its QUIT at close are each bounded by the backend's
  * `commandTimeoutMs` (given here as `timeoutMs`), like every other Redis call of the backend.
@@ -33,6 +35,8 @@ export class WakeHub {
   readonly #closing = new AbortController();
   readonly #handlers = new Map<string, Set<(handOff?: HandOff) => void>>();
   readonly #pending = new Map<string, { at: number; handOff: HandOff | undefined }>();
+  /** Channels other than the wake-up channel, each with its one listener. */
+  readonly #others = new Map<string, () => void>();
   #sub: Promise<Subscriber> | undefined;
   #subscriber: Subscriber | undefined;
   #failedAt = -Infinity;
@@ -54,7 +58,12 @@ export class WakeHub {
   async #open(): Promise<boolean> {
     if (!this.#sub) {
       if (performance.now() - this.#failedAt < SUBSCRIBER_RETRY_MS) return false;
-      const opening = this.#conn.subscribe(this.channel, (message) => this.#deliver(message), this.#timeoutMs, this.#closing.signal);
+      const opening = this.#conn.subscribe(
+        this.channel,
+        (message, channel) => (channel === this.channel ? this.#deliver(message) : this.#others.get(channel)?.()),
+        this.#timeoutMs,
+        this.#closing.signal,
+      );
       this.#sub = opening;
       opening.catch(() => {
         this.#failedAt = performance.now();
@@ -101,6 +110,31 @@ export class WakeHub {
     };
   }
 
+  /**
+   * Delivers the messages of `channel` to `onMessage` too, on this client's subscriber connection
+   * (opened now if it is not yet); resolves once subscribed, with a function that unsubscribes.
+   * One listener per channel. Rejects when the subscriber cannot be opened or the SUBSCRIBE gets no
+   * answer within the command timeout.
+   */
+  async listen(channel: string, onMessage: () => void): Promise<() => void> {
+    if (this.#others.has(channel)) throw new TypeError(`WakeHub: ${channel} has a listener already`);
+    if (!(await this.ready()) || !this.#subscriber) throw new Error('the subscriber connection is not ready');
+    const sub = this.#subscriber;
+    this.#others.set(channel, onMessage);
+    try {
+      await within(sub.add(channel), this.#timeoutMs, this.#closing.signal, 'subscribe');
+    } catch (error) {
+      this.#others.delete(channel);
+      void sub.remove(channel);
+      throw error;
+    }
+    return () => {
+      if (this.#others.get(channel) !== onMessage) return;
+      this.#others.delete(channel);
+      if (this.#subscriber === sub) void sub.remove(channel);
+    };
+  }
+
   /** Drops a wake-up kept for this owner's waiter (it was granted, or gave up). */
   forgetOwner(owner: string): void {
     if (this.#pending.size > 0) this.#pending.delete(wakeIdOf(owner));
@@ -113,6 +147,7 @@ export class WakeHub {
     for (const set of this.#handlers.values()) for (const fn of set) fn();
     this.#handlers.clear();
     this.#pending.clear();
+    this.#others.clear();
     const sub = this.#sub;
     this.#sub = undefined;
     this.#subscriber = undefined;

@@ -182,13 +182,15 @@ export function ioredisConn(client: IoredisLike, owned: boolean, select?: { db: 
       sub.on('error', (error: Error) => (subError = error));
       let isReady = false;
       let subscribed = false;
+      /** Every channel of this connection: the first, and those added since. */
+      const channels = new Set([channel]);
       sub.on('message', ((ch: string, message: string) => {
-        if (ch === channel) onMessage(message);
+        if (channels.has(ch)) onMessage(message, ch);
       }) as never);
       sub.on('ready', () => {
         if (!own || !subscribed) isReady = true;
         else
-          sub.subscribe(channel).then(
+          sub.subscribe(...channels).then(
             () => (isReady = true),
             () => {},
           );
@@ -208,6 +210,14 @@ export function ioredisConn(client: IoredisLike, owned: boolean, select?: { db: 
       return {
         get ready() {
           return isReady;
+        },
+        async add(ch) {
+          channels.add(ch);
+          await sub.subscribe(ch);
+        },
+        async remove(ch) {
+          if (ch === channel || !channels.delete(ch)) return;
+          if (sub.status === 'ready') await sub.unsubscribe(ch).catch(() => {});
         },
         close: (closeTimeoutMs = CLOSE_TIMEOUT_MS) => closeIoredis(sub, closeTimeoutMs),
       };

@@ -40,7 +40,7 @@ export function nodeRedisConn(client: NodeRedisLike, owned: boolean): Conn {
       sub.on('error', () => (isReady = false));
       try {
         await within(
-          sub.connect().then(() => sub.subscribe(channel, (message) => onMessage(message))),
+          sub.connect().then(() => sub.subscribe(channel, (message) => onMessage(message, channel))),
           timeoutMs,
           signal,
           'subscribe',
@@ -57,6 +57,13 @@ export function nodeRedisConn(client: NodeRedisLike, owned: boolean): Conn {
       return {
         get ready() {
           return isReady && sub.isReady;
+        },
+        async add(ch) {
+          await sub.subscribe(ch, (message) => onMessage(message, ch));
+        },
+        async remove(ch) {
+          if (ch === channel || !sub.isReady) return;
+          await sub.unsubscribe(ch).catch(() => {});
         },
         close: (closeTimeoutMs = CLOSE_TIMEOUT_MS) => closeNodeRedis(sub, closeTimeoutMs),
       };

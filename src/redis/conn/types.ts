@@ -15,6 +15,7 @@ export interface IoredisLike {
   // biome-ignore lint/suspicious/noExplicitAny: matches ioredis's EventEmitter typing
   on(event: string, listener: (...args: any[]) => void): unknown;
   subscribe(...channels: string[]): Promise<unknown>;
+  unsubscribe(...channels: string[]): Promise<unknown>;
   quit(): Promise<unknown>;
   disconnect(): void;
   /** 'ready' when commands can be sent; anything else means not connected (yet or any more). */
@@ -31,6 +32,7 @@ export interface NodeRedisLike {
   duplicate(): NodeRedisLike;
   connect(): Promise<unknown>;
   subscribe(channel: string, listener: (message: string, channel: string) => void): Promise<unknown>;
+  unsubscribe(channel: string): Promise<unknown>;
   // biome-ignore lint/suspicious/noExplicitAny: matches node-redis's EventEmitter typing
   on(event: string, listener: (...args: any[]) => void): unknown;
   readonly isReady: boolean;
@@ -42,9 +44,13 @@ export interface NodeRedisLike {
 /** A Redis client the user already has: ioredis (Redis or Cluster) or node-redis. */
 export type RedisClientLike = IoredisLike | NodeRedisLike;
 
-/** A subscription connection of our own, on one channel. */
+/** A subscription connection of our own: the channel it was opened with, and others added later. */
 export interface Subscriber {
   readonly ready: boolean;
+  /** Subscribes one more channel on this connection (its messages go to the same `onMessage`); kept across reconnections. */
+  add(channel: string): Promise<void>;
+  /** Unsubscribes a channel added with `add`; never rejects (a connection that is down has no subscription to end). */
+  remove(channel: string): Promise<void>;
   /** Unsubscribes politely (QUIT) for at most `timeoutMs`, then drops the socket: bounded, never rejects. */
   close(timeoutMs?: number): Promise<void>;
 }
@@ -69,11 +75,11 @@ export interface Conn {
    */
   explain(error: unknown): unknown;
   /**
-   * Opens a second connection subscribed to `channel`; messages go to `onMessage`. Bounded: when it
-   * is not subscribed within `timeoutMs`, or `signal` aborts first, the connection is dropped and
-   * the promise rejects.
+   * Opens a second connection subscribed to `channel`; messages (of it and of channels added later)
+   * go to `onMessage` with their channel. Bounded: when it is not subscribed within `timeoutMs`, or
+   * `signal` aborts first, the connection is dropped and the promise rejects.
    */
-  subscribe(channel: string, onMessage: (message: string) => void, timeoutMs: number, signal?: AbortSignal): Promise<Subscriber>;
+  subscribe(channel: string, onMessage: (message: string, channel: string) => void, timeoutMs: number, signal?: AbortSignal): Promise<Subscriber>;
   /** Where SCAN must run to see every key: the masters of a cluster, or this connection. */
   scanTargets(): Conn[];
   readonly isCluster: boolean;

@@ -8,6 +8,7 @@ import { QUEUE_HELPERS } from './queue.js';
 import { RELEASE } from './release.js';
 import { RENEW } from './renew.js';
 import { SESSION_CLOSE, SESSION_KEEPALIVE, SESSION_OPEN } from './sessions.js';
+import { WATCH } from './watch.js';
 
 /**
  * The redis backend's operations as one library: a Redis Functions library (Redis 7+), or one
@@ -17,5 +18,5 @@ import { SESSION_CLOSE, SESSION_KEEPALIVE, SESSION_OPEN } from './sessions.js';
 export const REDIS_LIBRARY = new LuaLibrary(
   'leasehold',
   [LUA_PRELUDE, LOCK_HELPERS, QUEUE_HELPERS],
-  [ACQUIRE, RELEASE, RENEW, CANCEL, INSPECT, SESSION_OPEN, SESSION_KEEPALIVE, SESSION_CLOSE],
+  [ACQUIRE, RELEASE, RENEW, CANCEL, INSPECT, SESSION_OPEN, SESSION_KEEPALIVE, SESSION_CLOSE, WATCH],
 );
