@@ -39,6 +39,7 @@ const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
   ['api:quota', "[ 1n, 2n, 3n ]\nnull\n3 [ 'worker-1', 'worker-2', 'worker-3' ]\n"],
   ["election('cluster:leader'", 'leading in term 1\nhttp://10.0.0.5:8080\nnull\n'],
   ["tryAcquire('nightly-report', { minHoldMs", 'null\n'],
+  ['cronCoordinator(locks', 'one instance ran it, token 1\nthe other skipped it: not-elected\n'],
   ['instrumentLocks(locks', 'leasehold_acquire_total{backend="memory",key="tenant:*:export",outcome="acquired"} 1\n'],
 ];
 const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [
