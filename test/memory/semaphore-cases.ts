@@ -2,6 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AcquireRequest, AcquireResult, Backend } from '../../src/core/backend.js';
 import { guardBackend } from '../../src/core/guard.js';
 import { InvalidArgumentError } from '../../src/core/errors.js';
+import type { Lease } from '../../src/core/lease.js';
+import { Locks } from '../../src/core/locks.js';
 import { eventually, sleep } from '../helpers/env.js';
 
 export interface SemaphoreSetup {
@@ -170,6 +172,44 @@ export function semaphoreCases(name: string, setup: () => Promise<SemaphoreSetup
       expect((await state(a, key))?.waiters).toBe(1);
       // a request that will not wait (tryAcquire) does not pass the waiter either
       expect((await a.acquire(permit(key, 'barger', { limit: 2 }))).granted).toBe(false);
+    });
+
+    it('through Locks: eight workers share 3 permits; never more than 3 held leases or holders, tokens increase, a crashed permit expires', async () => {
+      const key = newKey();
+      const locks = await Promise.all(Array.from({ length: 4 }, async () => new Locks({ backend: await connect() })));
+      const live = new Set<Lease>();
+      const tokens: bigint[] = [];
+      let most = 0;
+      let overInspect = 0;
+      const end = Date.now() + 1_500;
+      const worker = async (l: Locks): Promise<void> => {
+        while (Date.now() < end) {
+          const lease = await l.acquire(key, { limit: 3, ttlMs: 2_000, waitMs: 5_000 });
+          live.add(lease);
+          tokens.push(lease.token);
+          most = Math.max(most, [...live].filter((x) => x.held).length);
+          const s = await state(opened[0]!, key);
+          if ((s?.holders.length ?? 0) > 3 || (s && s.limit !== 3)) overInspect++;
+          await sleep(5 + Math.random() * 10);
+          live.delete(lease);
+          await lease.release();
+        }
+      };
+      await Promise.all(Array.from({ length: 8 }, (_, i) => worker(locks[i % 4]!)));
+      expect(most).toBeGreaterThan(1);
+      expect(most).toBeLessThanOrEqual(3);
+      expect(overInspect).toBe(0);
+      expect(new Set(tokens).size).toBe(tokens.length);
+      // a permit holder that stops renewing frees its place on expiry
+      const crashed = await locks[0]!.acquire(key, { limit: 3, ttlMs: 250, autoRenew: false });
+      const others = [await locks[1]!.acquire(key, { limit: 3 }), await locks[2]!.acquire(key, { limit: 3 })];
+      const started = Date.now();
+      const third = await locks[3]!.acquire(key, { limit: 3, waitMs: 3_000 });
+      expect(Date.now() - started).toBeGreaterThan(100);
+      expect(crashed.held).toBe(false);
+      expect(third.token > others[1]!.token).toBe(true);
+      expect((await state(opened[0]!, key))?.holders).toHaveLength(3);
+      await Promise.all([...others, third].map((x) => x.release()));
     });
 
     it('watch fires on a grant and on a release, made by this client or another', async () => {
