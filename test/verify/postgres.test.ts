@@ -28,6 +28,16 @@ afterEach(() => {
 });
 
 describe('leasehold verify on PostgreSQL', () => {
+  it('--limit 2 on your own PostgreSQL: permits of a semaphore of 2, at most 2 valid at once under pause, delay and clock', async () => {
+    const r = await verify(['--url', PG_URL, '--limit', '2', '--duration', '5s', '--ttl', '500ms', '--seed', '7', '--nemesis', 'pause,delay,clock'], sb);
+    runs.push(r);
+    const context = `stdout:\n${r.stdout}\nstderr:\n${r.stderr}`;
+    expect(r.code, context).toBe(0);
+    expect(r.verdicts, context).toEqual({ grants: 'PASS', permits: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'PASS' });
+    expect(r.stdout).toMatch(/^ {2}lease {8}permits of a semaphore of 2 \(acquire with limit 2\)$/m);
+    expect(faultCount(r, 'delay')).toBeGreaterThanOrEqual(1);
+  }, 120_000);
+
   it('your own PostgreSQL (the shared server): passes with pause, delay and clock, and deletes what it wrote', async () => {
     const r = await verify(['--url', PG_URL, '--duration', '5s', '--ttl', '400ms', '--seed', '5', '--nemesis', 'pause,delay,clock'], sb);
     runs.push(r);
