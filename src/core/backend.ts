@@ -147,6 +147,8 @@ export interface RenewRequest {
    */
   readonly lockDelayMs?: number;
   readonly holder?: string;
+  /** The grant's semaphore limit, if it is a permit (core always sends it), for the same reason. */
+  readonly limit?: number;
 }
 
 export type RenewResult = { readonly renewed: true; readonly ttlMs: number } | { readonly renewed: false };

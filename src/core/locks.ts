@@ -269,7 +269,8 @@ export class Locks {
     const { backend } = loaded;
     const { key, owner, token, options: o, session } = g;
     const holder = o.label ?? this.#holder;
-    const renew = (ttl: number) => backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl, lockDelayMs: o.lockDelayMs, holder });
+    const renew = (ttl: number) =>
+      backend.renew({ key, owner, token, mode: o.mode, ttlMs: ttl, lockDelayMs: o.lockDelayMs, holder, ...(o.limit !== undefined && { limit: o.limit }) });
     const keeper =
       session?.keeper ?? new Keeper({ ctx: this.#ctx, renewOnce: renew, sentAt: g.sentAt, ttlMs: g.ttlMs, autoRenew: o.autoRenew, onIdle: (k) => k.stop() });
     if (session) loaded.sessions!.used(session);
