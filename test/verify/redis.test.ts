@@ -61,6 +61,23 @@ describe('leasehold verify on Redis', () => {
     }
   }, 120_000);
 
+  it('--limit 2 on your own Redis passes (at most 2 valid permits at once); its control run (--count-then-acquire) fails the permits check', async () => {
+    const args = ['--url', REDIS_URL, '--limit', '2', '--duration', '5s', '--ttl', '400ms', '--seed', '11', '--nemesis', 'pause,delay,clock'];
+    const r = await verify(args, sb);
+    runs.push(r);
+    const context = `stdout:\n${r.stdout}\nstderr:\n${r.stderr}`;
+    expect(r.code, context).toBe(0);
+    expect(r.verdicts, context).toEqual({ grants: 'PASS', permits: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'PASS' });
+    expect(r.stdout).toMatch(/^ {2}lease {8}permits of a semaphore of 2 \(acquire with limit 2\)$/m);
+    expectClean(r, sb);
+    const control = await verify([...args, '--count-then-acquire'], sb);
+    runs.push(control);
+    expect(control.code, control.stdout).toBe(1);
+    expect(control.verdicts, control.stdout).toMatchObject({ grants: 'PASS', permits: 'FAIL', fence: 'PASS', 'no lost update': 'PASS' });
+    expect(control.stdout).toMatch(/^verdict: FAIL \(permits\)$/m);
+    expectClean(control, sb);
+  }, 180_000);
+
   it('the seed of the local:redis run plans a delay and a pause whose effects are forced (see forcedEffects)', () => {
     const faults = planSchedule({ seed: LOCAL_SEED, durationMs: 7_000, ttlMs: 400, workers: 3, nemeses: [...NEMESES] });
     expect(forcedEffects(faults, 400)).toEqual({ delay: true, pause: true });
