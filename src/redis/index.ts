@@ -9,5 +9,6 @@ export {
   type RedisFenceOptions,
   type RedisMulti,
 } from './fence.js';
+export { redisIdempotencyStore, REDIS_IDEMPOTENCY_DEFAULTS, type RedisIdempotencyStoreOptions } from './idempotency.js';
 export { CLIENT_DEFAULTS } from './conn/ioredis.js';
 export type { RedisClientLike, IoredisLike, NodeRedisLike } from './conn/types.js';
