@@ -19,8 +19,12 @@ export interface IdempotencyRecord {
   readonly value?: string;
 }
 
-/** Where records live: one store per database (sqliteIdempotencyStore, postgresIdempotencyStore, redisIdempotencyStore). */
-export interface IdempotencyStore {
+/**
+ * Where records live: one store per database (sqliteIdempotencyStore, postgresIdempotencyStore,
+ * redisIdempotencyStore). `Tx` is what `transact` hands the effect (the database's transaction
+ * handle); `never` for stores without it.
+ */
+export interface IdempotencyStore<Tx = never> {
   /** The record of `key`, or undefined (none, or a completed one whose keepMs ran out by the store's clock). */
   get(key: string): Promise<IdempotencyRecord | undefined>;
   /**
@@ -29,12 +33,20 @@ export interface IdempotencyStore {
    * `keepMs` is how long a completed record lives, counted by the store's own clock.
    */
   put(key: string, token: bigint, record: IdempotencyRecord | undefined, keepMs: number): Promise<void>;
+  /**
+   * Optional, for stores in the database the effect writes to (`runInTransaction`): runs
+   * `effect(tx)` in one transaction of that database and writes `complete(result)` in the same
+   * transaction under `token`, fenced: when a newer token wrote for the key, StaleTokenError and
+   * nothing of the transaction (the effect included) is committed. `effect` or `complete`
+   * throwing rolls it back too, and the error reaches the caller unchanged.
+   */
+  transact?<R>(key: string, token: bigint, effect: (tx: Tx) => R | Promise<R>, complete: (result: R) => IdempotencyRecord, keepMs: number): Promise<R>;
 }
 
-export interface IdempotencyOptions {
+export interface IdempotencyOptions<Tx = never> {
   /** The client whose leases claim the keys (the lock key is `idempotency:<key>`). */
   locks: { acquire(key: string, options: Record<string, unknown>): Promise<Lease> };
-  store: IdempotencyStore;
+  store: IdempotencyStore<Tx>;
   /** The claim's lease ttl: how long a crashed attempt keeps the key before another may take over. @default 30000 */
   ttlMs?: number;
   /** How long a completed result is replayed. @default 86400000 (24 h) */
@@ -100,19 +112,19 @@ function stableJson(value: unknown, what: string): string {
  * attempt's late completion is refused (StaleTokenError to its caller), and the stored result is the
  * new holder's.
  */
-export class Idempotency {
+export class Idempotency<Tx = never> {
   readonly #locks: IdempotencyOptions['locks'];
-  readonly #store: IdempotencyStore;
+  readonly #store: IdempotencyStore<Tx>;
   readonly #ttlMs: number;
   readonly #keepMs: number;
   readonly #waitMs: number;
 
-  constructor(options: IdempotencyOptions) {
+  constructor(options: IdempotencyOptions<Tx>) {
     const o = checkObject(options, 'options');
     checkKnownOptions(o, ['locks', 'store', 'ttlMs', 'keepMs', 'waitMs'], 'options');
     if (typeof (o.locks as { acquire?: unknown } | undefined)?.acquire !== 'function')
       throw new InvalidArgumentError('locks', `expected a Locks, got ${describe(o.locks)}`);
-    const store = o.store as IdempotencyStore | undefined;
+    const store = o.store as IdempotencyStore<Tx> | undefined;
     if (typeof store?.get !== 'function' || typeof store.put !== 'function')
       throw new InvalidArgumentError('store', `expected an idempotency store (get, put), got ${describe(o.store)}`);
     this.#locks = o.locks as IdempotencyOptions['locks'];
@@ -129,6 +141,53 @@ export class Idempotency {
    * that is not JSON-serialisable is an InvalidArgumentError (nothing stored).
    */
   async run<T>(key: string, options: { payload?: unknown } | undefined, fn: (lease: Lease) => T | Promise<T>): Promise<IdempotentResult<T>> {
+    return this.#attempt(key, options, fn, async (lease, completed) => {
+      const value = await fn(lease);
+      const record = completed(value);
+      // Fenced: when this attempt was taken over, the newer one raised the mark and this is refused.
+      await this.#store.put(key, lease.token, record, this.#keepMs);
+      return record;
+    });
+  }
+
+  /**
+   * As `run`, with the effect and the result in one transaction (stores with `transact`: SQLite,
+   * PostgreSQL): `fn(tx, lease)` writes through the store's transaction `tx`, and its writes commit
+   * with the completed record, fenced. An attempt that was taken over is refused whole
+   * (StaleTokenError): none of its writes are committed, so the effect happens once even across a
+   * takeover. What `fn` does outside `tx` (an HTTP call) is not covered.
+   */
+  async runInTransaction<T>(
+    key: string,
+    options: { payload?: unknown } | undefined,
+    fn: (tx: Tx, lease: Lease) => T | Promise<T>,
+  ): Promise<IdempotentResult<T>> {
+    const transact = this.#store.transact?.bind(this.#store);
+    if (typeof transact !== 'function')
+      throw new InvalidArgumentError('store', 'runInTransaction needs a store with transact (sqliteIdempotencyStore, postgresIdempotencyStore)');
+    return this.#attempt(key, options, fn, async (lease, completed) => {
+      let record: IdempotencyRecord | undefined;
+      await transact<T>(
+        key,
+        lease.token,
+        (tx) => fn(tx, lease),
+        (value) => (record = completed(value)),
+        this.#keepMs,
+      );
+      return record as IdempotencyRecord;
+    });
+  }
+
+  /**
+   * Replay, or claim and run `body`, which stores the completed record (`completed` makes it from
+   * the value; it throws for a value JSON cannot hold). `body` failing gives the key back.
+   */
+  async #attempt<T>(
+    key: string,
+    options: { payload?: unknown } | undefined,
+    fn: unknown,
+    body: (lease: Lease, completed: (value: T) => IdempotencyRecord) => Promise<IdempotencyRecord>,
+  ): Promise<IdempotentResult<T>> {
     checkKey(key, 'key');
     const o = checkObject(options, 'options');
     checkKnownOptions(o, ['payload'], 'options');
@@ -145,24 +204,22 @@ export class Idempotency {
       const current = await this.#store.get(key);
       if (current && current.payloadHash !== hash) throw new IdempotencyMismatchError(key);
       await this.#store.put(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#keepMs);
-      let value: T;
+      const completed = (value: T): IdempotencyRecord => ({
+        state: 'completed',
+        token: lease.token,
+        payloadHash: hash,
+        value: stableJson(value === undefined ? null : value, 'result'),
+      });
+      let record: IdempotencyRecord;
       try {
-        value = await fn(lease);
+        record = await body(lease, completed);
       } catch (error) {
         // Give the key back so a retry runs again; a newer attempt's record is not ours to remove.
+        // (After a refusal by the fence this put is refused too and changes nothing.)
         await this.#store.put(key, lease.token, undefined, this.#keepMs).catch(() => {});
         throw error;
       }
-      let json: string;
-      try {
-        json = stableJson(value === undefined ? null : value, 'result');
-      } catch (error) {
-        await this.#store.put(key, lease.token, undefined, this.#keepMs).catch(() => {});
-        throw error;
-      }
-      // Fenced: when this attempt was taken over, the newer one raised the mark and this is refused.
-      await this.#store.put(key, lease.token, { state: 'completed', token: lease.token, payloadHash: hash, value: json }, this.#keepMs);
-      return { value: JSON.parse(json) as T, replayed: false, token: lease.token };
+      return { value: JSON.parse(record.value ?? 'null') as T, replayed: false, token: lease.token };
     } finally {
       await lease.release().catch(() => {});
     }
@@ -177,6 +234,6 @@ export class Idempotency {
 }
 
 /** `createIdempotency({ locks, store, ttlMs?, keepMs?, waitMs? })`. */
-export function createIdempotency(options: IdempotencyOptions): Idempotency {
+export function createIdempotency<Tx = never>(options: IdempotencyOptions<Tx>): Idempotency<Tx> {
   return new Idempotency(options);
 }
