@@ -1,9 +1,12 @@
 /**
- * Property-based tests of I1–I4 and I8: random interleavings of acquire / renew / release /
+ * Property-based tests of I1–I4, I8 and I9 (limits): random interleavings of acquire / renew / release /
  * foreign release / cancel / clock advance, run against a backend on an injected clock and
  * compared step by step with a reference model. The model is exact (these backends are
  * deterministic given the clock), so it checks safety (no grant the model forbids: exclusivity,
  * ownership, lock-delay) and liveness (no refusal the model allows), and every token against I1/I2.
+ * Key k1 is a semaphore: its shared requests are permits of a limit of 2 (PERMITS), so histories also
+ * check I9 (never more than 2 holders) and the permit queue (a permit is granted only with no
+ * exclusive request ahead and fewer permit requests ahead than free permits).
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -22,6 +25,8 @@ type Op =
   | { op: 'advance'; ms: number };
 
 const CLIENTS = 4;
+/** The limit of the semaphore key k1 (its shared requests are permits). */
+const PERMITS = 2;
 const QUEUE_TTL = 120;
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
@@ -51,6 +56,7 @@ interface Grant {
   mode: LockMode;
   expiresAt: number;
   lockDelay: number;
+  limit: number | undefined;
 }
 interface Waiter {
   owner: string;
@@ -101,17 +107,16 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
         const slot = `${o.c}/${key}`;
         const owner = queuedOwner.get(slot) ?? `owner-${ownerSeq++}`;
         const holders = live(key);
-        const compatible = holders.length === 0 || (o.mode === 'shared' && holders.every((g) => g.mode === 'shared'));
+        const limit = key === 'k1' && o.mode === 'shared' ? PERMITS : undefined;
+        const compatible =
+          holders.length === 0 || (o.mode === 'shared' && holders.every((g) => g.mode === 'shared') && (limit === undefined || holders.length < limit));
         const queue = queues.get(key)!;
         let clearAhead = true;
         if (o.queue) {
-          for (const w of queue) {
-            if (w.owner === owner) break;
-            if (o.mode === 'exclusive' || w.mode === 'exclusive') {
-              clearAhead = false;
-              break;
-            }
-          }
+          const mineAt = queue.findIndex((w) => w.owner === owner);
+          const ahead = mineAt < 0 ? queue : queue.slice(0, mineAt);
+          if (o.mode === 'exclusive') clearAhead = ahead.length === 0;
+          else clearAhead = ahead.every((w) => w.mode === 'shared') && (limit === undefined || ahead.length < limit - holders.length);
         } else clearAhead = queue.length === 0;
         const expected = compatible && time.now >= (delayUntil.get(key) ?? 0) && clearAhead;
         const r = await backend.acquire({
@@ -123,6 +128,7 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
           holder: `c${o.c}`,
           queue: o.queue,
           queueTtlMs: QUEUE_TTL,
+          ...(limit !== undefined && { limit }),
         });
         expect(r.granted, where).toBe(expected);
         if (r.granted) {
@@ -131,7 +137,8 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
           expect(seenTokens.has(`${key}/${r.token}`), `${where}: I2 token reused`).toBe(false);
           seenTokens.add(`${key}/${r.token}`);
           lastToken.set(key, r.token);
-          grants.set(o.c, { key, owner, token: r.token, mode: o.mode, expiresAt: time.now + o.ttl, lockDelay: o.lockDelay });
+          grants.set(o.c, { key, owner, token: r.token, mode: o.mode, expiresAt: time.now + o.ttl, lockDelay: o.lockDelay, limit });
+          if (limit !== undefined) expect(live(key).length, `${where}: I9 more than ${limit} permits`).toBeLessThanOrEqual(limit);
           queues.set(
             key,
             queue.filter((w) => w.owner !== owner),
@@ -162,7 +169,14 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
       if (o.op === 'renew') {
         purge(g.key);
         const stillLive = grants.get(o.c) === g;
-        const r = await backend.renew({ key: g.key, owner: g.owner, token: g.token, mode: g.mode, ttlMs: o.ttl });
+        const r = await backend.renew({
+          key: g.key,
+          owner: g.owner,
+          token: g.token,
+          mode: g.mode,
+          ttlMs: o.ttl,
+          ...(g.limit !== undefined && { limit: g.limit }),
+        });
         expect(r.renewed, where).toBe(stillLive); // I4: renews exactly while held
         if (stillLive) g.expiresAt = time.now + o.ttl;
         else grants.delete(o.c);
@@ -187,7 +201,7 @@ async function check(ops: Op[], make: (time: { now: number }) => Backend): Promi
 
 const histories = fc.array(opArb, { minLength: 5, maxLength: 80 });
 
-describe('I1–I4, I8 over random interleavings (model-checked)', () => {
+describe('I1–I4, I8, I9 over random interleavings (model-checked)', () => {
   it('memory backend', async () => {
     await fc.assert(
       fc.asyncProperty(histories, async (ops) => {
@@ -220,6 +234,10 @@ describe('I1–I4, I8 over random interleavings (model-checked)', () => {
         },
       }),
       'ignores lock-delay': (inner) => ({ ...inner, acquire: (req) => inner.acquire({ ...req, lockDelayMs: 0 }) }),
+      'ignores the limit (permits as plain shared grants)': (inner) => ({
+        ...inner,
+        acquire: ({ limit: _limit, ...req }) => inner.acquire(req),
+      }),
       'reuses tokens': (inner) => ({
         ...inner,
         acquire: async (req) => {
