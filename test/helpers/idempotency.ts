@@ -1,0 +1,306 @@
+/**
+ * The behaviours of test/core/idempotency.test.ts, on a store in a real database with real time
+ * (the database's clock judges expiry): replay, concurrency, waitMs, mismatch, fn throwing, a result
+ * JSON cannot hold, keepMs expiry and purge, the fence on the store itself, the takeover; and the
+ * transactional variant (runInTransaction): effect and record commit together, roll back together,
+ * and a taken-over attempt's effect is refused whole. Registered once per store.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AcquireTimeoutError, IdempotencyMismatchError, InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
+import { createIdempotency, type IdempotencyOptions, type IdempotencyStore } from '../../src/core/idempotency.js';
+import type { Lease } from '../../src/core/lease.js';
+import type { Locks } from '../../src/core/locks.js';
+import { sleep } from './env.js';
+
+export interface IdempotencyTarget<Tx> {
+  /** A store on the shared database (each call may open its own, as another process would). */
+  store(): Required<IdempotencyStore<Tx>>;
+  /** A new client of the shared coordinator, closed by cleanup. */
+  locks(): Locks;
+  /** Writes one effect row inside the store's transaction. */
+  effect(tx: Tx, key: string, attempt: string): unknown;
+  /** The effect rows of key (attempt names), committed ones only. */
+  effects(key: string): Promise<string[]>;
+  /** Rows of the store's table, expired or not (read on purpose: the purge has no other trace). */
+  rows(): Promise<number>;
+  /**
+   * Whether `effect` may await inside the transaction (PostgreSQL). SQLite runs it synchronously
+   * under the database's write lock, so its takeover pauses between the claim and the transaction.
+   */
+  asyncEffect: boolean;
+  cleanup(): Promise<void>;
+}
+
+const TTL_MS = 600;
+
+export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<IdempotencyTarget<Tx>>): void {
+  describe(`idempotency store: ${name}`, () => {
+    let target: IdempotencyTarget<Tx>;
+    let store: Required<IdempotencyStore<Tx>>;
+    const clients: Locks[] = [];
+    let n = 0;
+    /** A key of its own for each test: the tests share the table. */
+    const fresh = (what: string): string => `${what}:${++n}:${Math.random().toString(36).slice(2)}`;
+    const client = (options: Partial<IdempotencyOptions<Tx>> = {}) => {
+      const locks = target.locks();
+      clients.push(locks);
+      return createIdempotency<Tx>({ locks, store, ttlMs: TTL_MS, keepMs: 60_000, waitMs: 5_000, ...options });
+    };
+    /** A client whose leases are not renewed: it behaves as a process frozen past its ttl would. */
+    const frozen = (options: Partial<IdempotencyOptions<Tx>> = {}) => {
+      const locks = target.locks();
+      clients.push(locks);
+      const noRenew = { acquire: (key: string, o: Record<string, unknown>) => locks.acquire(key, { ...o, autoRenew: false }) };
+      return createIdempotency<Tx>({ locks: noRenew, store, ttlMs: TTL_MS, keepMs: 60_000, waitMs: 5_000, ...options });
+    };
+
+    beforeAll(async () => {
+      target = await setup();
+      store = target.store();
+    });
+    afterAll(async () => {
+      await Promise.all(clients.map((c) => c.close()));
+      await target.cleanup();
+    });
+
+    it('the first call runs fn; a later one replays its value with the token that stored it', async () => {
+      const key = fresh('charge');
+      const idem = client();
+      let runs = 0;
+      const first = await idem.run(key, { payload: { amount: 5 } }, () => ({ charged: ++runs }));
+      const again = await client().run(key, { payload: { amount: 5 } }, () => ({ charged: ++runs }));
+      expect(first).toMatchObject({ value: { charged: 1 }, replayed: false });
+      expect(again).toEqual({ value: { charged: 1 }, replayed: true, token: first.token });
+      expect(runs).toBe(1);
+    });
+
+    it('concurrent calls: fn runs once, the others wait for its outcome', async () => {
+      const key = fresh('k');
+      let runs = 0;
+      const results = await Promise.all(
+        [client(), client(), client()].map((idem, i) =>
+          idem.run(key, {}, async () => {
+            runs++;
+            await sleep(200);
+            return `done by ${i}`;
+          }),
+        ),
+      );
+      expect(runs).toBe(1);
+      expect(new Set(results.map((r) => r.value)).size).toBe(1);
+      expect(results.filter((r) => !r.replayed)).toHaveLength(1);
+    });
+
+    it('a concurrent call waits at most waitMs (AcquireTimeoutError), never running fn at the same time', async () => {
+      const key = fresh('k');
+      let release!: () => void;
+      const first = client().run(key, {}, () => new Promise<string>((r) => (release = () => r('x'))));
+      await sleep(100);
+      let ran = false;
+      const second = await client({ waitMs: 300 })
+        .run(key, {}, () => {
+          ran = true;
+          return 'never';
+        })
+        .catch((e: unknown) => e);
+      expect(second).toBeInstanceOf(AcquireTimeoutError);
+      expect(ran).toBe(false);
+      release();
+      expect((await first).value).toBe('x');
+    });
+
+    it('a different payload is refused, never a silent replay of another request', async () => {
+      const key = fresh('k');
+      const idem = client();
+      await idem.run(key, { payload: { amount: 5 } }, () => 'ok');
+      await expect(idem.run(key, { payload: { amount: 6 } }, () => 'other')).rejects.toBeInstanceOf(IdempotencyMismatchError);
+      await expect(idem.run(key, {}, () => 'other')).rejects.toMatchObject({ code: 'IDEMPOTENCY_MISMATCH' });
+      expect(await idem.run(key, { payload: { amount: 5 } }, () => 'again')).toMatchObject({ value: 'ok', replayed: true });
+    });
+
+    it('fn throwing gives the key back: the error reaches the caller and a retry runs again', async () => {
+      const key = fresh('k');
+      const idem = client();
+      const boom = new Error('card declined');
+      await expect(idem.run(key, {}, () => Promise.reject(boom))).rejects.toBe(boom);
+      expect(await store.get(key)).toBeUndefined();
+      expect(await idem.run(key, {}, () => 'second try')).toMatchObject({ value: 'second try', replayed: false });
+    });
+
+    it('a result that JSON cannot hold is a typed error and nothing is stored', async () => {
+      const key = fresh('k');
+      const idem = client();
+      await expect(idem.run(key, {}, () => ({ big: 1n }))).rejects.toBeInstanceOf(InvalidArgumentError);
+      expect(await store.get(key)).toBeUndefined();
+      expect(await idem.run(key, {}, () => 'fine')).toMatchObject({ value: 'fine', replayed: false });
+    });
+
+    it("completed records expire after keepMs by the database's clock, and later puts purge them", async () => {
+      const key = fresh('k');
+      const idem = client({ keepMs: 400 });
+      await idem.run(key, {}, () => 1);
+      expect(await idem.run(key, {}, () => 2)).toMatchObject({ value: 1, replayed: true });
+      await sleep(600);
+      expect(await store.get(key)).toBeUndefined();
+      expect(await idem.run(key, {}, () => 3)).toMatchObject({ value: 3, replayed: false });
+      // Expired rows of other keys go with the next puts, in batches: no separate job.
+      const short = Array.from({ length: 5 }, () => fresh('short'));
+      for (const k of short) await client({ keepMs: 200 }).run(k, {}, () => 'x');
+      const before = await target.rows();
+      await sleep(400);
+      await client().run(fresh('k'), {}, () => 'y');
+      expect(await target.rows()).toBeLessThanOrEqual(before + 1 - short.length);
+    });
+
+    it('the store is fenced: a write under an older token is refused and changes nothing; giving a key back keeps its mark', async () => {
+      const key = fresh('k');
+      await store.put(key, 10n, { state: 'completed', token: 10n, payloadHash: '', value: '"ten"' }, 60_000);
+      const refused = await store.put(key, 9n, { state: 'completed', token: 9n, payloadHash: '', value: '"nine"' }, 60_000).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(StaleTokenError);
+      expect(refused).toMatchObject({ resource: `idempotency:${key}`, token: 9n, highest: 10n });
+      expect(await store.get(key)).toEqual({ state: 'completed', token: 10n, payloadHash: '', value: '"ten"' });
+      await store.put(key, 10n, undefined, 60_000);
+      expect(await store.get(key)).toBeUndefined();
+      await expect(store.put(key, 9n, { state: 'in-progress', token: 9n, payloadHash: '' }, 60_000)).rejects.toBeInstanceOf(StaleTokenError);
+      expect(await store.get(key)).toBeUndefined();
+      await store.put(key, 11n, { state: 'in-progress', token: 11n, payloadHash: 'h' }, 60_000);
+      expect(await store.get(key)).toEqual({ state: 'in-progress', token: 11n, payloadHash: 'h' });
+    });
+
+    it('takeover: an attempt paused past its ttl is taken over with a higher token; its late completion is refused', async () => {
+      const key = fresh('export');
+      let resume!: () => void;
+      const paused = new Promise<void>((r) => (resume = r));
+      let firstToken = 0n;
+      const first = frozen()
+        .run(key, {}, async (lease: Lease) => {
+          firstToken = lease.token;
+          await paused;
+          return 'first';
+        })
+        .catch((e: unknown) => e);
+      await sleep(TTL_MS + 300);
+      const second = await client().run(key, {}, () => 'second');
+      expect(second).toMatchObject({ value: 'second', replayed: false });
+      expect(second.token).toBeGreaterThan(firstToken);
+      resume();
+      expect(await first).toBeInstanceOf(StaleTokenError);
+      expect(await store.get(key)).toMatchObject({ state: 'completed', token: second.token, value: '"second"' });
+      expect(await client().run(key, {}, () => 'third')).toMatchObject({ value: 'second', replayed: true });
+    });
+
+    describe('runInTransaction', () => {
+      it('the effect and the completed record commit together; a replay writes nothing', async () => {
+        const key = fresh('tx');
+        const idem = client();
+        const first = await idem.runInTransaction(key, { payload: { n: 1 } }, (tx) => {
+          const written = target.effect(tx, key, 'first');
+          return target.asyncEffect ? Promise.resolve(written).then(() => 'stored') : 'stored';
+        });
+        expect(first).toMatchObject({ value: 'stored', replayed: false });
+        const again = await client().runInTransaction(key, { payload: { n: 1 } }, (tx) => target.effect(tx, key, 'again'));
+        expect(again).toEqual({ value: 'stored', replayed: true, token: first.token });
+        expect(await target.effects(key)).toEqual(['first']);
+      });
+
+      it('fn throwing rolls the effect back and gives the key back', async () => {
+        const key = fresh('tx');
+        const boom = new Error('declined');
+        const idem = client();
+        const failing = (tx: Tx) => {
+          const written = target.effect(tx, key, 'failed');
+          if (!target.asyncEffect) throw boom;
+          return Promise.resolve(written).then(() => Promise.reject(boom));
+        };
+        await expect(idem.runInTransaction(key, {}, failing)).rejects.toBe(boom);
+        expect(await target.effects(key)).toEqual([]);
+        expect(await store.get(key)).toBeUndefined();
+        await idem.runInTransaction(key, {}, (tx) => target.effect(tx, key, 'retry'));
+        expect(await target.effects(key)).toEqual(['retry']);
+      });
+
+      it('a result JSON cannot hold rolls the effect back (typed error)', async () => {
+        const key = fresh('tx');
+        const result = client()
+          .runInTransaction(key, {}, (tx) => {
+            const written = target.effect(tx, key, 'bigint');
+            return target.asyncEffect ? Promise.resolve(written).then(() => 1n) : 1n;
+          })
+          .catch((e: unknown) => e);
+        expect(await result).toBeInstanceOf(InvalidArgumentError);
+        expect(await target.effects(key)).toEqual([]);
+        expect(await store.get(key)).toBeUndefined();
+      });
+
+      it("takeover: the paused attempt's transaction is refused whole, its effect row is absent", async () => {
+        const key = fresh('tx-export');
+        let resume!: () => void;
+        const paused = new Promise<void>((r) => (resume = r));
+        let reached!: () => void;
+        const atPause = new Promise<void>((r) => (reached = r));
+        let firstToken = 0n;
+        let first: Promise<unknown>;
+        if (target.asyncEffect) {
+          // The pause falls inside the transaction, after the effect row was written.
+          first = frozen().runInTransaction(key, {}, async (tx, lease) => {
+            firstToken = lease.token;
+            await target.effect(tx, key, 'first');
+            reached();
+            await paused;
+            return 'first';
+          });
+        } else {
+          // SQLite holds its write lock for the whole transaction: the pause falls between the claim and it.
+          const late = {
+            ...store,
+            get: store.get,
+            put: store.put,
+            transact: async (...args: Parameters<typeof store.transact>) => {
+              firstToken = args[1];
+              reached();
+              await paused;
+              return store.transact(...args);
+            },
+          } as Required<IdempotencyStore<Tx>>;
+          const locks = target.locks();
+          clients.push(locks);
+          const noRenew = { acquire: (k: string, o: Record<string, unknown>) => locks.acquire(k, { ...o, autoRenew: false }) };
+          first = createIdempotency<Tx>({ locks: noRenew, store: late, ttlMs: TTL_MS, waitMs: 5_000 }).runInTransaction(key, {}, (tx) => {
+            target.effect(tx, key, 'first');
+            return 'first';
+          });
+        }
+        const settled = first.catch((e: unknown) => e);
+        await atPause;
+        await sleep(TTL_MS + 300);
+        const second = await client().runInTransaction(key, {}, (tx) => {
+          const written = target.effect(tx, key, 'second');
+          return target.asyncEffect ? Promise.resolve(written).then(() => 'second') : 'second';
+        });
+        expect(second).toMatchObject({ value: 'second', replayed: false });
+        expect(second.token).toBeGreaterThan(firstToken);
+        resume();
+        expect(await settled).toBeInstanceOf(StaleTokenError);
+        expect(await target.effects(key)).toEqual(['second']);
+        expect(await store.get(key)).toMatchObject({ state: 'completed', token: second.token, value: '"second"' });
+      });
+
+      it('transact under an older token runs nothing and commits nothing', async () => {
+        const key = fresh('tx');
+        await store.put(key, 20n, { state: 'in-progress', token: 20n, payloadHash: '' }, 60_000);
+        const refused = await store
+          .transact(
+            key,
+            19n,
+            (tx) => target.effect(tx, key, 'stale'),
+            () => ({ state: 'completed', token: 19n, payloadHash: '', value: '1' }),
+            60_000,
+          )
+          .catch((e: unknown) => e);
+        expect(refused).toBeInstanceOf(StaleTokenError);
+        expect(await target.effects(key)).toEqual([]);
+        expect(await store.get(key)).toMatchObject({ state: 'in-progress', token: 20n });
+      });
+    });
+  });
+}
