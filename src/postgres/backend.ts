@@ -5,6 +5,7 @@ import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, t
 import { Listener, type ListenConnection } from './listener.js';
 import { LIMIT_CONFLICT_STATE, SCHEMA_VERSION, schemaNames, schemaStatements, type PostgresSchemaOptions } from './schema.js';
 import { checkPool, createOnce, mapPgError, type PgClient, type PgPool } from './util.js';
+import { KeyWatches } from './watch.js';
 
 export interface PostgresBackendOptions extends PostgresSchemaOptions {
   /** A pg connection string; the backend then creates (and on close ends) its own pool. Give this or `pool`. */
@@ -87,9 +88,6 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     WHERE key = $1 AND owner = $2 AND token = $3::bigint AND expires_at > clock_timestamp()`;
   const RELEASE = `SELECT ${n.releaseFn}($1, $2, $3::bigint) AS released`;
   const CANCEL = `SELECT ${n.cancelFn}($1, $2) AS left_queue`;
-  /** When the key's first live holder expires, by the server's clock: a watch's timer (an expiry sends no NOTIFY). */
-  const NEXT_EXPIRY = `SELECT ceil(extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000)::bigint::text AS ms
-    FROM ${n.holders} WHERE key = $1 AND expires_at > clock_timestamp()`;
   /** The key's change counter, compared with a busy answer's cursor when a waiter subscribes. */
   const VERSION = `SELECT version::text AS version FROM ${n.keys} WHERE key = $1`;
   /** Read-only: expired rows are left for the next write to purge, and judged expired here by the server's clock. */
@@ -189,6 +187,21 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       })
     : undefined;
 
+  /** Backend.watch: LISTEN plus a mark that makes the key's grants NOTIFY (see watch.ts). */
+  const watches = listener
+    ? new KeyWatches({
+        names: n,
+        query,
+        listen: async (key, onNotify) => {
+          try {
+            return await listener.add(key, onNotify);
+          } catch (error) {
+            throw mapError('listen', error);
+          }
+        },
+      })
+    : undefined;
+
   const backend: Backend = {
     name: 'postgres',
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
@@ -245,13 +258,15 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     },
 
     /**
-     * Bounded: the LISTEN connection and our own pool get CLOSE_TIMEOUT_MS to end politely, then
+     * Bounded: this instance's watch marks get CLOSE_TIMEOUT_MS to be deleted (else they run out by
+     * themselves), then the LISTEN connection and our own pool get as long to end politely, then
      * their sockets are dropped (a statement still in flight on a frozen server is cut by its
      * QUERY_TIMEOUT_MS at the latest). A pool passed in is left open.
      */
     async close() {
       if (closed) return;
       closed = true;
+      if (watches) await settleWithin(watches.close(), CLOSE_TIMEOUT_MS);
       await Promise.all([listener?.close(), ownPool ? settleWithin(ownPool.end(), CLOSE_TIMEOUT_MS) : undefined]);
     },
   };
@@ -278,60 +293,16 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       }
       return off;
     };
-
+  }
+  if (watches) {
     /**
-     * Every NOTIFY of the key (grants, releases, queue changes, purges), from the backend's one
-     * LISTEN connection; and a timer at the first holder's expiry, which sends no NOTIFY (a
-     * renewal moves it without one: the observer is then told spuriously, about once per ttl).
+     * Every NOTIFY of the key (releases, purges, queue changes, and grants while the key is marked
+     * watched), from the backend's one LISTEN connection; and looks at the first holder's expiry,
+     * which sends no NOTIFY, and every 10 s, told only when the key's holders moved.
      */
     backend.watch = async (key: string, onChange: () => void): Promise<() => void> => {
       await init();
-      let ended = false;
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      let arming: Promise<void> | undefined;
-      let again = false;
-      const arm = (): void => {
-        if (arming) {
-          again = true; // one look after the one in flight, not one per notification
-          return;
-        }
-        arming = pool
-          .query(NEXT_EXPIRY, [key])
-          .then(({ rows }) => {
-            if (ended) return;
-            if (timer) clearTimeout(timer);
-            timer = undefined;
-            const ms = rows[0]?.ms;
-            if (typeof ms !== 'string') return;
-            timer = setTimeout(fire, Math.max(0, Number(ms)) + 1);
-            timer.unref();
-          })
-          .catch(() => {}) // the next notification (or the listener's reconnection) looks again
-          .finally(() => {
-            arming = undefined;
-            if (again && !ended) {
-              again = false;
-              arm();
-            }
-          });
-      };
-      const fire = (): void => {
-        if (ended) return;
-        onChange();
-        arm();
-      };
-      let off: () => void;
-      try {
-        off = await listener.add(key, fire);
-      } catch (error) {
-        throw mapError('listen', error);
-      }
-      arm();
-      return () => {
-        ended = true;
-        if (timer) clearTimeout(timer);
-        off();
-      };
+      return watches.watch(key, onChange);
     };
   }
   return backend;

@@ -4,7 +4,7 @@ import { checkKnownOptions, checkObject } from '../core/validate.js';
 import { checkPgIdentifier, quotePg } from './util.js';
 
 /**
- * The lease store's schema, as plain SQL: three tables and four functions in one schema. Every
+ * The lease store's schema, as plain SQL: four tables and five functions in one schema. Every
  * operation of the backend is one statement (a function called by one SELECT, or one UPDATE), so
  * it works through any pooler, including PgBouncer in transaction mode.
  *
@@ -12,7 +12,7 @@ import { checkPgIdentifier, quotePg } from './util.js';
  * the acquire function to decide whether its DDL has to run. (A function whose result columns
  * change needs a DROP FUNCTION first: CREATE OR REPLACE cannot change them.)
  */
-export const SCHEMA_VERSION = 'leasehold-locks/3';
+export const SCHEMA_VERSION = 'leasehold-locks/4';
 
 /**
  * SQLSTATE of the acquire function's refusal of a limit the key does not have (see
@@ -45,10 +45,14 @@ export interface SchemaNames {
   readonly holders: string;
   /** The fair queue: one row per waiting owner, in arrival order (`seq`). */
   readonly waiters: string;
+  /** Watch marks: one row per key and watching backend instance, live until `expires_at` (see `watchFn`). */
+  readonly watched: string;
   readonly notifyFn: string;
   readonly acquireFn: string;
   readonly releaseFn: string;
   readonly cancelFn: string;
+  /** Marks a key watched (or keeps the mark) and reads what a watcher compares: `src/postgres/watch.ts`. */
+  readonly watchFn: string;
   /** `to_regproc` argument naming the acquire function (the schema version is its comment). */
   readonly acquireRegproc: string;
   /** LISTEN/NOTIFY channel of this lease table; the payload of each notification is `<upto>:<key>` (see the notify function). */
@@ -73,10 +77,12 @@ export function schemaNames(options: PostgresSchemaOptions | undefined): SchemaN
     keys: q('_keys'),
     holders: q(''),
     waiters: q('_waiters'),
+    watched: q('_watched'),
     notifyFn: q('_notify'),
     acquireFn: q('_acquire'),
     releaseFn: q('_release'),
     cancelFn: q('_cancel'),
+    watchFn: q('_watch'),
     acquireRegproc: q('_acquire'),
     // Channel names are identifiers (at most 63 bytes): long schema.table pairs get a digest instead.
     channel: Buffer.byteLength(plainChannel) <= 63 ? plainChannel : `leasehold:${createHash('sha256').update(`${schema}.${table}`).digest('hex').slice(0, 40)}`,
@@ -149,11 +155,24 @@ export function schemaStatements(n: SchemaNames): string[] {
   PRIMARY KEY (key, owner)
 )`,
 
+    // Who watches a key (Backend.watch): one row per key and watching backend instance, live until
+    // expires_at (this server's clock, I7) and renewed by the watcher well before then. A grant
+    // that no queued waiter needs to hear of NOTIFYs only while its key has a live mark: a NOTIFY
+    // serialises commits server-wide, so keys nobody watches must not pay for one on every grant. A
+    // watcher that crashed stops renewing, and its mark runs out.
+    `CREATE TABLE IF NOT EXISTS ${n.watched} (
+  key text COLLATE "C" NOT NULL,
+  watcher text NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (key, watcher)
+)`,
+
     // Tells the key's waiters that it may have become free. The payload is `<upto>:<key>`: only
     // queued waiters with seq <= upto could be granted now (the exclusive head of the queue, or the
     // run of shared waiters at its head), so the others are not woken for nothing; `*` (nobody
     // queued) wakes every subscriber of the key. (A grant that changes nothing for waiters sends
-    // `0:<key>`, which wakes only the key's watchers, subscribers without a queue place.)
+    // `0:<key>`, which wakes only the key's watchers, subscribers without a queue place, and only
+    // while the key is watched: see the watched table.)
     `CREATE OR REPLACE FUNCTION ${n.notifyFn}(p_key text)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
@@ -276,7 +295,8 @@ BEGIN
         v_changed := true;
       END IF;
       -- After an exclusive grant nobody else can go: waiters hear only of shared grants (the next
-      -- shared waiter may join), and the version moves only when they hear. Watchers hear of every grant.
+      -- shared waiter may join), and the version moves only when they hear. Watchers hear of every
+      -- grant, but a key nobody watches sends no NOTIFY for a grant waiters need not hear of.
       v_changed := v_changed AND p_mode = 'shared';
       UPDATE ${n.keys} k
         SET last_token = k.last_token + 1, delay_until = v_delay,
@@ -288,7 +308,7 @@ BEGIN
                 CASE WHEN p_mode = 'shared' THEN p_limit END);
       IF v_changed THEN
         PERFORM ${n.notifyFn}(p_key);
-      ELSE
+      ELSIF EXISTS (SELECT 1 FROM ${n.watched} x WHERE x.key = p_key AND x.expires_at > v_now) THEN
         PERFORM pg_notify(${literal(n.channel)}, '0:' || p_key);
       END IF;
       RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
@@ -368,6 +388,37 @@ BEGIN
 END
 $fn$`,
 
+    // A watcher's mark and look (src/postgres/watch.ts). A new mark is written under the key's row
+    // lock, which every grant holds until it commits: a grant either committed before the mark (and
+    // the state read below, after the lock, sees it) or reads the mark afterwards and NOTIFYs, to a
+    // watcher already LISTENing. A mark with more than 5/6 of p_mark_ms left was written moments ago
+    // (a look at a holder's expiry right after a renewal of the mark): no write then. Expired marks
+    // of the key are deleted on the way. Returns the key's last token, its live holders and the ms
+    // until the first of them expires (NULL: none), which the watcher compares between two looks.
+    `CREATE OR REPLACE FUNCTION ${n.watchFn}(p_key text, p_watcher text, p_mark_ms bigint)
+RETURNS TABLE (last_token bigint, holders bigint, next_expiry_ms bigint)
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
+DECLARE
+  v_now timestamptz := clock_timestamp();
+  v_expires timestamptz;
+BEGIN
+  SELECT x.expires_at INTO v_expires FROM ${n.watched} x WHERE x.key = p_key AND x.watcher = p_watcher;
+  IF v_expires IS NULL OR v_expires <= v_now + p_mark_ms * interval '1 millisecond' * 5 / 6 THEN
+    INSERT INTO ${n.keys} (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+    PERFORM 1 FROM ${n.keys} k WHERE k.key = p_key FOR KEY SHARE;
+    v_now := clock_timestamp();
+    DELETE FROM ${n.watched} x WHERE x.key = p_key AND x.expires_at <= v_now AND x.watcher <> p_watcher;
+    INSERT INTO ${n.watched} AS x (key, watcher, expires_at) VALUES (p_key, p_watcher, v_now + p_mark_ms * interval '1 millisecond')
+      ON CONFLICT (key, watcher) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+  END IF;
+  v_now := clock_timestamp();
+  RETURN QUERY SELECT coalesce((SELECT k.last_token FROM ${n.keys} k WHERE k.key = p_key), 0),
+    (SELECT count(*) FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now),
+    (SELECT greatest(0, ceil(extract(epoch FROM min(h.expires_at) - v_now) * 1000))::bigint
+       FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now);
+END
+$fn$`,
+
     `COMMENT ON FUNCTION ${n.acquireFn}(${ACQUIRE_ARGS}) IS ${literal(SCHEMA_VERSION)}`,
   ];
 }
@@ -376,7 +427,7 @@ $fn$`,
  * The DDL of the lease store for `{ schema, table }`, for users who manage schemas themselves: run
  * it once (it is idempotent) with a role that may create tables and functions, then give the
  * backend `createSchema: false`. The backend's own role then needs only SELECT, INSERT, UPDATE and
- * DELETE on the three tables and EXECUTE on the functions.
+ * DELETE on the four tables and EXECUTE on the functions.
  */
 export function postgresSchemaSql(options?: PostgresSchemaOptions): string {
   const o = checkObject(options, 'options');
