@@ -54,6 +54,14 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
       return createIdempotency<Tx>({ locks: noRenew, store, ttlMs: TTL_MS, keepMs: 60_000, waitMs: 5_000, ...options });
     };
 
+    /** fn of runInTransaction: writes one effect row, then returns value (awaiting the write where the store's effect is async). */
+    const writing =
+      <T>(key: string, attempt: string, value: T) =>
+      (tx: Tx): T | Promise<T> => {
+        const written = target.effect(tx, key, attempt);
+        return target.asyncEffect ? Promise.resolve(written).then(() => value) : value;
+      };
+
     beforeAll(async () => {
       target = await setup();
       store = target.store();
@@ -193,12 +201,9 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
       it('the effect and the completed record commit together; a replay writes nothing', async () => {
         const key = fresh('tx');
         const idem = client();
-        const first = await idem.runInTransaction(key, { payload: { n: 1 } }, (tx) => {
-          const written = target.effect(tx, key, 'first');
-          return target.asyncEffect ? Promise.resolve(written).then(() => 'stored') : 'stored';
-        });
+        const first = await idem.runInTransaction(key, { payload: { n: 1 } }, writing(key, 'first', 'stored'));
         expect(first).toMatchObject({ value: 'stored', replayed: false });
-        const again = await client().runInTransaction(key, { payload: { n: 1 } }, (tx) => target.effect(tx, key, 'again'));
+        const again = await client().runInTransaction(key, { payload: { n: 1 } }, writing(key, 'again', 'other'));
         expect(again).toEqual({ value: 'stored', replayed: true, token: first.token });
         expect(await target.effects(key)).toEqual(['first']);
       });
@@ -215,17 +220,14 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
         await expect(idem.runInTransaction(key, {}, failing)).rejects.toBe(boom);
         expect(await target.effects(key)).toEqual([]);
         expect(await store.get(key)).toBeUndefined();
-        await idem.runInTransaction(key, {}, (tx) => target.effect(tx, key, 'retry'));
+        expect(await idem.runInTransaction(key, {}, writing(key, 'retry', 'ok'))).toMatchObject({ value: 'ok', replayed: false });
         expect(await target.effects(key)).toEqual(['retry']);
       });
 
       it('a result JSON cannot hold rolls the effect back (typed error)', async () => {
         const key = fresh('tx');
         const result = client()
-          .runInTransaction(key, {}, (tx) => {
-            const written = target.effect(tx, key, 'bigint');
-            return target.asyncEffect ? Promise.resolve(written).then(() => 1n) : 1n;
-          })
+          .runInTransaction(key, {}, writing(key, 'bigint', 1n))
           .catch((e: unknown) => e);
         expect(await result).toBeInstanceOf(InvalidArgumentError);
         expect(await target.effects(key)).toEqual([]);
@@ -273,10 +275,7 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
         const settled = first.catch((e: unknown) => e);
         await atPause;
         await sleep(TTL_MS + 300);
-        const second = await client().runInTransaction(key, {}, (tx) => {
-          const written = target.effect(tx, key, 'second');
-          return target.asyncEffect ? Promise.resolve(written).then(() => 'second') : 'second';
-        });
+        const second = await client().runInTransaction(key, {}, writing(key, 'second', 'second'));
         expect(second).toMatchObject({ value: 'second', replayed: false });
         expect(second.token).toBeGreaterThan(firstToken);
         resume();
@@ -289,13 +288,7 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
         const key = fresh('tx');
         await store.put(key, 20n, { state: 'in-progress', token: 20n, payloadHash: '' }, 60_000);
         const refused = await store
-          .transact(
-            key,
-            19n,
-            (tx) => target.effect(tx, key, 'stale'),
-            () => ({ state: 'completed', token: 19n, payloadHash: '', value: '1' }),
-            60_000,
-          )
+          .transact(key, 19n, writing(key, 'stale', 1), () => ({ state: 'completed', token: 19n, payloadHash: '', value: '1' }), 60_000)
           .catch((e: unknown) => e);
         expect(refused).toBeInstanceOf(StaleTokenError);
         expect(await target.effects(key)).toEqual([]);
