@@ -93,6 +93,14 @@ module.exports = {
       to: { pathNot: ['^src/core/', '^src/node-cron/'], dependencyTypesNot: ['core'] },
     },
     {
+      name: 'fastify-imports-core-and-fastify-only',
+      severity: 'error',
+      comment:
+        "leasehold/fastify is a plugin over core's idempotency: it imports core, itself, fastify (its optional peer; types only, the plugin is a function with fastify-plugin's markers) and Node's built-ins.",
+      from: { path: '^src/fastify/' },
+      to: { pathNot: ['^src/core/', '^src/fastify/', 'node_modules/fastify/'], dependencyTypesNot: ['core'] },
+    },
+    {
       name: 'verify-imports-no-cli',
       severity: 'error',
       comment: "verify returns results; mapping them to exit codes and output is the command line's job (shared helpers live in src/util).",
