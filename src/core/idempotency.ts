@@ -22,9 +22,9 @@ export interface IdempotencyRecord {
 /**
  * Where records live: one store per database (sqliteIdempotencyStore, postgresIdempotencyStore,
  * redisIdempotencyStore). `Tx` is what `transact` hands the effect (the database's transaction
- * handle); `never` for stores without it.
+ * handle); `unknown` for stores without it (every store is an `IdempotencyStore`).
  */
-export interface IdempotencyStore<Tx = never> {
+export interface IdempotencyStore<Tx = unknown> {
   /** The record of `key`, or undefined (none, or a completed one whose keepMs ran out by the store's clock). */
   get(key: string): Promise<IdempotencyRecord | undefined>;
   /**
@@ -43,7 +43,12 @@ export interface IdempotencyStore<Tx = never> {
   transact?<R>(key: string, token: bigint, effect: (tx: Tx) => R | Promise<R>, complete: (result: R) => IdempotencyRecord, keepMs: number): Promise<R>;
 }
 
-export interface IdempotencyOptions<Tx = never> {
+/** A store with `transact` (sqliteIdempotencyStore, postgresIdempotencyStore): what `runInTransaction` needs. */
+export interface TransactionalIdempotencyStore<Tx> extends IdempotencyStore<Tx> {
+  transact<R>(key: string, token: bigint, effect: (tx: Tx) => R | Promise<R>, complete: (result: R) => IdempotencyRecord, keepMs: number): Promise<R>;
+}
+
+export interface IdempotencyOptions<Tx = unknown> {
   /** The client whose leases claim the keys (the lock key is `idempotency:<key>`). */
   locks: { acquire(key: string, options: Record<string, unknown>): Promise<Lease> };
   store: IdempotencyStore<Tx>;
@@ -112,7 +117,7 @@ function stableJson(value: unknown, what: string): string {
  * attempt's late completion is refused (StaleTokenError to its caller), and the stored result is the
  * new holder's.
  */
-export class Idempotency<Tx = never> {
+export class Idempotency<Tx = unknown> {
   readonly #locks: IdempotencyOptions['locks'];
   readonly #store: IdempotencyStore<Tx>;
   readonly #ttlMs: number;
@@ -234,6 +239,6 @@ export class Idempotency<Tx = never> {
 }
 
 /** `createIdempotency({ locks, store, ttlMs?, keepMs?, waitMs? })`. */
-export function createIdempotency<Tx = never>(options: IdempotencyOptions<Tx>): Idempotency<Tx> {
+export function createIdempotency<Tx = unknown>(options: IdempotencyOptions<Tx>): Idempotency<Tx> {
   return new Idempotency(options);
 }

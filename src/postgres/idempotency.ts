@@ -1,6 +1,6 @@
 import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
 import { guardHandle, transactionControl } from '../core/fence.js';
-import type { IdempotencyRecord, IdempotencyStore } from '../core/idempotency.js';
+import type { IdempotencyRecord, TransactionalIdempotencyStore } from '../core/idempotency.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
 import { checkPgIdentifier, checkPool, createOnce, guardClient, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
 
@@ -33,7 +33,7 @@ const PURGE_BATCH = 64;
  * does not stop the one that takes over, and is refused whole when it wakes. `effect` gets a
  * guarded view of the client that refuses BEGIN, COMMIT, ROLLBACK, `release()` and `end()`.
  */
-export function postgresIdempotencyStore(pool: PgPool, options?: PostgresIdempotencyStoreOptions): Required<IdempotencyStore<PgClient>> {
+export function postgresIdempotencyStore(pool: PgPool, options?: PostgresIdempotencyStoreOptions): TransactionalIdempotencyStore<PgClient> {
   checkPool(pool, 'pool');
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['schema', 'table'], 'options');

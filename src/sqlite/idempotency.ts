@@ -1,6 +1,6 @@
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, StaleTokenError } from '../core/errors.js';
 import { guardHandle, transactionControl } from '../core/fence.js';
-import type { IdempotencyRecord, IdempotencyStore } from '../core/idempotency.js';
+import type { IdempotencyRecord, TransactionalIdempotencyStore } from '../core/idempotency.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
 import { checkIdentifier, quoteIdent, retryBusy, type SqliteDatabase } from './util.js';
 
@@ -34,7 +34,7 @@ const NOW_MS = `CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)`;
  * promise is refused (rolled back). `effect` gets a guarded view of `db` that refuses BEGIN, COMMIT,
  * ROLLBACK and `close()`.
  */
-export function sqliteIdempotencyStore(db: SqliteDatabase, options?: SqliteIdempotencyStoreOptions): Required<IdempotencyStore<SqliteDatabase>> {
+export function sqliteIdempotencyStore(db: SqliteDatabase, options?: SqliteIdempotencyStoreOptions): TransactionalIdempotencyStore<SqliteDatabase> {
   if (typeof db !== 'object' || db === null || typeof db.prepare !== 'function' || typeof db.transaction !== 'function') {
     throw new InvalidArgumentError('db', `expected a better-sqlite3 Database, got ${describe(db)}`);
   }
