@@ -5,24 +5,28 @@
  * transactional variant (runInTransaction): effect and record commit together, roll back together,
  * and a taken-over attempt's effect is refused whole. Registered once per store.
  */
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AcquireTimeoutError, IdempotencyMismatchError, InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
-import { createIdempotency, type IdempotencyOptions, type IdempotencyStore } from '../../src/core/idempotency.js';
+import { createIdempotency, type IdempotencyOptions, type IdempotencyStore, type TransactionalIdempotencyStore } from '../../src/core/idempotency.js';
 import type { Lease } from '../../src/core/lease.js';
 import type { Locks } from '../../src/core/locks.js';
-import { sleep } from './env.js';
+import { sleep, tempDir } from './env.js';
 
 export interface IdempotencyTarget<Tx> {
   /** A store on the shared database (each call may open its own, as another process would). */
-  store(): Required<IdempotencyStore<Tx>>;
+  store(): TransactionalIdempotencyStore<Tx>;
   /** A new client of the shared coordinator, closed by cleanup. */
   locks(): Locks;
   /** Writes one effect row inside the store's transaction. */
   effect(tx: Tx, key: string, attempt: string): unknown;
   /** The effect rows of key (attempt names), committed ones only. */
   effects(key: string): Promise<string[]>;
-  /** Rows of the store's table, expired or not (read on purpose: the purge has no other trace). */
-  rows(): Promise<number>;
+  /** How many of keys have a row in the store's table, expired or not (read on purpose: the purge has no other trace). */
+  rows(keys: string[]): Promise<number>;
   /**
    * Whether `effect` may await inside the transaction (PostgreSQL). SQLite runs it synchronously
    * under the database's write lock, so its takeover pauses between the claim and the transaction.
@@ -36,7 +40,7 @@ const TTL_MS = 600;
 export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<IdempotencyTarget<Tx>>): void {
   describe(`idempotency store: ${name}`, () => {
     let target: IdempotencyTarget<Tx>;
-    let store: Required<IdempotencyStore<Tx>>;
+    let store: TransactionalIdempotencyStore<Tx>;
     const clients: Locks[] = [];
     let n = 0;
     /** A key of its own for each test: the tests share the table. */
@@ -151,13 +155,13 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
       await sleep(600);
       expect(await store.get(key)).toBeUndefined();
       expect(await idem.run(key, {}, () => 3)).toMatchObject({ value: 3, replayed: false });
-      // Expired rows of other keys go with the next puts, in batches: no separate job.
+      // Expired rows of other keys go with the next put, in batches: no separate job.
       const short = Array.from({ length: 5 }, () => fresh('short'));
       for (const k of short) await client({ keepMs: 200 }).run(k, {}, () => 'x');
-      const before = await target.rows();
       await sleep(400);
+      expect(await target.rows(short)).toBeGreaterThan(0);
       await client().run(fresh('k'), {}, () => 'y');
-      expect(await target.rows()).toBeLessThanOrEqual(before + 1 - short.length);
+      expect(await target.rows(short)).toBe(0);
     });
 
     it('the store is fenced: a write under an older token is refused and changes nothing; giving a key back keeps its mark', async () => {
@@ -263,7 +267,7 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
               await paused;
               return store.transact(...args);
             },
-          } as Required<IdempotencyStore<Tx>>;
+          } as TransactionalIdempotencyStore<Tx>;
           const locks = target.locks();
           clients.push(locks);
           const noRenew = { acquire: (k: string, o: Record<string, unknown>) => locks.acquire(k, { ...o, autoRenew: false }) };
@@ -294,6 +298,179 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
         expect(await target.effects(key)).toEqual([]);
         expect(await store.get(key)).toMatchObject({ state: 'in-progress', token: 20n });
       });
+    });
+  });
+}
+
+const worker = new URL('../fixtures/idempotency-worker.mjs', import.meta.url).pathname;
+
+/** What a worker process prints last. */
+export interface WorkerOutcome {
+  event: 'done' | 'error';
+  value?: { by: string };
+  replayed?: boolean;
+  token?: string;
+  code?: string;
+  message?: string;
+}
+
+/** A running test/fixtures/idempotency-worker.mjs: its JSON lines as they come, and its last one. */
+export interface WorkerProcess {
+  readonly pid: number;
+  /** Resolves when the worker printed `{"event": event}`. */
+  reached(event: string): Promise<void>;
+  /** Resolves with the last line once the process exited. */
+  outcome(): Promise<WorkerOutcome>;
+  kill(): void;
+}
+
+export function startWorker(options: Record<string, unknown>): WorkerProcess {
+  const child = spawn(process.execPath, [worker, JSON.stringify(options)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const lines: Record<string, unknown>[] = [];
+  const waiting: { event: string; resolve: () => void }[] = [];
+  let stderr = '';
+  child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    const parsed = JSON.parse(line) as Record<string, unknown>;
+    lines.push(parsed);
+    for (const w of waiting.filter((x) => x.event === parsed.event)) w.resolve();
+  });
+  const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
+  return {
+    pid: child.pid ?? 0,
+    reached: (event) =>
+      lines.some((l) => l.event === event)
+        ? Promise.resolve()
+        : Promise.race([
+            new Promise<void>((resolve) => waiting.push({ event, resolve })),
+            exited.then((code) => {
+              throw new Error(`worker ${String(options.name)} exited (${code}) before "${event}": ${stderr}`);
+            }),
+          ]),
+    outcome: async () => {
+      const code = await exited;
+      const last = lines.at(-1);
+      if (last?.event !== 'done' && last?.event !== 'error') throw new Error(`worker ${String(options.name)} exited (${code}) with no outcome: ${stderr}`);
+      return last as unknown as WorkerOutcome;
+    },
+    kill: () => {
+      if (child.exitCode === null) {
+        child.kill('SIGCONT');
+        child.kill('SIGKILL');
+      }
+    },
+  };
+}
+
+export interface ProcessTarget {
+  /** What the worker opens: { db: 'sqlite', path } or { db: 'postgres', url, schema }. */
+  readonly connection: Record<string, string>;
+  /** The effect rows of key (worker names), committed ones only. */
+  effects(key: string): Promise<string[]>;
+  /** The idempotency store on the same database, to read the record the workers left. */
+  store(): IdempotencyStore;
+  /** The control's flag row. */
+  flag(key: string): Promise<{ state: string; value: string | null } | undefined>;
+  cleanup(): Promise<void>;
+}
+
+/** The process ttl: short, so the frozen attempt is past it soon. */
+const PROCESS_TTL_MS = 600;
+
+/**
+ * Real processes on one database. Two call `run` with one key at once: fn runs once and both get
+ * its value. The takeover: process A claims the key, its fn waits; the test SIGSTOPs it past its
+ * ttl; process B runs the same key and completes; SIGCONT A. With leasehold A's completion is
+ * refused (StaleTokenError) and the stored value is B's (in the transactional variant A's effect
+ * row is absent too); with the control (a plain in-progress flag with an expiry) A completes as
+ * well, overwriting B's result, and both effects land.
+ */
+export function processScenarios(name: string, setup: () => Promise<ProcessTarget>): void {
+  describe(`idempotency with real processes: ${name}`, () => {
+    let target: ProcessTarget;
+    const started: WorkerProcess[] = [];
+    let dir: { path: string; cleanup: () => void };
+    let n = 0;
+    const fresh = (what: string): string => `${what}:${++n}:${process.pid}`;
+    const start = (options: Record<string, unknown>): WorkerProcess => {
+      const w = startWorker({ ...target.connection, ttlMs: PROCESS_TTL_MS, ...options });
+      started.push(w);
+      return w;
+    };
+
+    beforeAll(async () => {
+      target = await setup();
+      dir = tempDir('leasehold-idem-');
+    });
+    afterAll(async () => {
+      for (const w of started) w.kill();
+      dir.cleanup();
+      await target.cleanup();
+    });
+
+    it('two processes call run with one key at once: fn runs once and both get its value', async () => {
+      const key = fresh('charge');
+      const startFile = join(dir.path, `${key.replace(/:/g, '_')}.start`);
+      const workers = ['P', 'Q'].map((w) => start({ mode: 'run', key, name: w, startFile, workMs: 300 }));
+      await Promise.all(workers.map((w) => w.reached('ready')));
+      writeFileSync(startFile, '');
+      const outcomes = await Promise.all(workers.map((w) => w.outcome()));
+      expect(outcomes.map((o) => o.event)).toEqual(['done', 'done']);
+      expect(outcomes[0]!.value).toEqual(outcomes[1]!.value);
+      expect(outcomes.map((o) => o.replayed).sort()).toEqual([false, true]);
+      expect(outcomes[0]!.token).toBe(outcomes[1]!.token);
+      expect(await target.effects(key)).toEqual([outcomes[0]!.value!.by]);
+    });
+
+    /** A claims and waits; SIGSTOP past its ttl; B runs the key to the end; SIGCONT A. */
+    const takeover = async (mode: string) => {
+      const key = fresh(mode);
+      const goFile = join(dir.path, `${key.replace(/:/g, '_')}.go`);
+      const a = start({ mode, key, name: 'A', goFile });
+      await a.reached('claimed');
+      process.kill(a.pid, 'SIGSTOP');
+      try {
+        await sleep(PROCESS_TTL_MS + 400); // frozen past its ttl: no renewal, no completion
+        const b = await start({ mode, key, name: 'B' }).outcome();
+        writeFileSync(goFile, '');
+        process.kill(a.pid, 'SIGCONT');
+        return { key, a: await a.outcome(), b };
+      } finally {
+        a.kill();
+      }
+    };
+
+    it("takeover (run): A's late completion is refused, the stored value is B's", async () => {
+      const { key, a, b } = await takeover('run');
+      expect(b).toMatchObject({ event: 'done', value: { by: 'B' }, replayed: false });
+      expect(a).toMatchObject({ event: 'error', code: 'STALE_TOKEN' });
+      expect(await target.store().get(key)).toMatchObject({ state: 'completed', token: BigInt(b.token!), value: '{"by":"B"}' });
+      // fn's own writes outside the store are fn's: both attempts made them (the transactional variant is the answer).
+      expect((await target.effects(key)).sort()).toEqual(['A', 'B']);
+    });
+
+    it("takeover (runInTransaction): A's transaction is refused whole — its effect row is absent, the stored value is B's", async () => {
+      const { key, a, b } = await takeover('tx');
+      expect(b).toMatchObject({ event: 'done', value: { by: 'B' }, replayed: false });
+      expect(a).toMatchObject({ event: 'error', code: 'STALE_TOKEN' });
+      expect(await target.store().get(key)).toMatchObject({ state: 'completed', token: BigInt(b.token!), value: '{"by":"B"}' });
+      expect(await target.effects(key)).toEqual(['B']);
+    });
+
+    it('control (an in-progress flag with an expiry, no lease, no fence): A completes too, overwrites B, both effects land', async () => {
+      const { key, a, b } = await takeover('control');
+      expect(b).toMatchObject({ event: 'done', value: { by: 'B' }, replayed: false });
+      expect(a).toMatchObject({ event: 'done', value: { by: 'A' }, replayed: false });
+      expect(await target.flag(key)).toEqual({ state: 'completed', value: '{"by":"A"}' });
+      expect((await target.effects(key)).sort()).toEqual(['A', 'B']);
+    });
+
+    it('control with the effect and the completion in one transaction: still both effects land', async () => {
+      const { key, a, b } = await takeover('control-tx');
+      expect(b).toMatchObject({ event: 'done', value: { by: 'B' } });
+      expect(a).toMatchObject({ event: 'done', value: { by: 'A' } });
+      expect(await target.flag(key)).toEqual({ state: 'completed', value: '{"by":"A"}' });
+      expect((await target.effects(key)).sort()).toEqual(['A', 'B']);
     });
   });
 }

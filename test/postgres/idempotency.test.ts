@@ -30,7 +30,7 @@ idempotencyScenarios('postgres', async () => {
     effect: (tx, key, attempt) => tx.query(`INSERT INTO ${schema}.effects (key, attempt) VALUES ($1, $2)`, [key, attempt]),
     effects: async (key) =>
       (await admin.query(`SELECT attempt FROM ${schema}.effects WHERE key = $1 ORDER BY seq`, [key])).rows.map((r) => r.attempt as string),
-    rows: async () => Number((await admin.query(`SELECT count(*) AS n FROM ${schema}.leasehold_idempotency`)).rows[0].n),
+    rows: async (keys) => Number((await admin.query(`SELECT count(*) AS n FROM ${schema}.leasehold_idempotency WHERE key = ANY($1)`, [keys])).rows[0].n),
     asyncEffect: true,
     cleanup: async () => {
       await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);

@@ -27,7 +27,8 @@ idempotencyScenarios('sqlite', async () => {
     locks: () => new Locks({ backend: sqliteBackend({ path }) }),
     effect: (tx, key, attempt) => tx.prepare('INSERT INTO effects (key, attempt) VALUES (?, ?)').run(key, attempt),
     effects: async (key) => (db.prepare('SELECT attempt FROM effects WHERE key = ? ORDER BY seq').all(key) as { attempt: string }[]).map((r) => r.attempt),
-    rows: async () => (db.prepare('SELECT count(*) AS n FROM idem').get() as { n: number }).n,
+    rows: async (keys) =>
+      (db.prepare('SELECT count(*) AS n FROM idem WHERE key IN (SELECT value FROM json_each(?))').get(JSON.stringify(keys)) as { n: number }).n,
     asyncEffect: false,
     cleanup: async () => {
       for (const d of dbs) d.close();
