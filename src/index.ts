@@ -35,6 +35,7 @@ export {
   type IdempotencyOptions,
   type IdempotencyRecord,
   type IdempotencyStore,
+  type TransactionalIdempotencyStore,
   type IdempotentResult,
 } from './core/idempotency.js';
 export {

@@ -41,7 +41,10 @@ const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
   ["tryAcquire('nightly-report', { minHoldMs", 'null\n'],
   ['cronCoordinator(locks', 'one instance ran it, token 1\nthe other skipped it: not-elected\n'],
   ['fastifyIdempotency', '201 /charges/1 null {"charge":1,"amount":500}\n201 /charges/1 true {"charge":1,"amount":500}\n'],
-  ["idem.run('charge:order-17'", "{ value: { charge: 1, token: '1' }, replayed: false, token: 1n }\n{ value: { charge: 1, token: '1' }, replayed: true, token: 1n }\n"],
+  [
+    "idem.run('charge:order-17'",
+    "{ value: { charge: 1, token: '1' }, replayed: false, token: 1n }\n{ value: { charge: 1, token: '1' }, replayed: true, token: 1n }\n",
+  ],
   ['instrumentLocks(locks', 'leasehold_acquire_total{backend="memory",key="tenant:*:export",outcome="acquired"} 1\n'],
 ];
 const CLI_OUTPUT: [prefix: string, output: string | RegExp][] = [

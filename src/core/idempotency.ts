@@ -34,6 +34,13 @@ export interface IdempotencyStore<Tx = unknown> {
    */
   put(key: string, token: bigint, record: IdempotencyRecord | undefined, keepMs: number): Promise<void>;
   /**
+   * Claims the key for `token` in one atomic step: when the key holds a completed record that has
+   * not expired, returns it and writes nothing; otherwise writes the in-progress `record` under
+   * `token`, fenced as `put`, and returns undefined. Atomic, so a completion that lands between a
+   * takeover's read and its claim is replayed, never overwritten (and `fn` never runs twice).
+   */
+  claim(key: string, token: bigint, record: IdempotencyRecord, keepMs: number): Promise<IdempotencyRecord | undefined>;
+  /**
    * Optional, for stores in the database the effect writes to (`runInTransaction`): runs
    * `effect(tx)` in one transaction of that database and writes `complete(result)` in the same
    * transaction under `token`, fenced: when a newer token wrote for the key, StaleTokenError and
@@ -130,8 +137,8 @@ export class Idempotency<Tx = unknown> {
     if (typeof (o.locks as { acquire?: unknown } | undefined)?.acquire !== 'function')
       throw new InvalidArgumentError('locks', `expected a Locks, got ${describe(o.locks)}`);
     const store = o.store as IdempotencyStore<Tx> | undefined;
-    if (typeof store?.get !== 'function' || typeof store.put !== 'function')
-      throw new InvalidArgumentError('store', `expected an idempotency store (get, put), got ${describe(o.store)}`);
+    if (typeof store?.get !== 'function' || typeof store.put !== 'function' || typeof store.claim !== 'function')
+      throw new InvalidArgumentError('store', `expected an idempotency store (get, put, claim), got ${describe(o.store)}`);
     this.#locks = o.locks as IdempotencyOptions['locks'];
     this.#store = store;
     this.#ttlMs = o.ttlMs === undefined ? IDEMPOTENCY_DEFAULTS.ttlMs : checkTtl(o.ttlMs, 'options.ttlMs');
@@ -208,7 +215,13 @@ export class Idempotency<Tx = unknown> {
       if (done) return done;
       const current = await this.#store.get(key);
       if (current && current.payloadHash !== hash) throw new IdempotencyMismatchError(key);
-      await this.#store.put(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#keepMs);
+      // A late completion of the attempt we took over may land right up to our claim: the claim
+      // then finds it and replays it instead of running fn again.
+      const finished = await this.#store.claim(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#keepMs);
+      if (finished) {
+        if (finished.payloadHash !== hash) throw new IdempotencyMismatchError(key);
+        return { value: JSON.parse(finished.value ?? 'null') as T, replayed: true, token: finished.token };
+      }
       const completed = (value: T): IdempotencyRecord => ({
         state: 'completed',
         token: lease.token,

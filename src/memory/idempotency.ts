@@ -28,6 +28,12 @@ export function memoryIdempotencyStore(options?: MemoryIdempotencyStoreOptions):
       }
       return r?.record;
     },
+    async claim(key, token, record, keepMs) {
+      const r = records.get(key);
+      if (r && r.record.state === 'completed' && r.expiresAt > clock.now()) return r.record;
+      await this.put(key, token, record, keepMs);
+      return undefined;
+    },
     async put(key, token, record, keepMs) {
       const high = marks.get(key);
       if (high !== undefined && token < high) throw new StaleTokenError(`idempotency:${key}`, token, high);

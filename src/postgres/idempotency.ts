@@ -68,6 +68,12 @@ export function postgresIdempotencyStore(pool: PgPool, options?: PostgresIdempot
     WHERE r.token <= EXCLUDED.token
     RETURNING token`;
 
+  /** UPSERT, except that a live completed record is left as it is (the claim then replays it). */
+  const CLAIM = UPSERT.replace(
+    'WHERE r.token <= EXCLUDED.token',
+    "WHERE r.token <= EXCLUDED.token AND (r.state IS DISTINCT FROM 'completed' OR r.expires_at <= now())",
+  );
+
   let ready: Promise<void> | undefined;
   const ensure = (): Promise<void> =>
     (ready ??= createOnce(pool, `leasehold:${schema}.${tableName}`, schema === 'public' ? [CREATE, INDEX] : [CREATE_SCHEMA, CREATE, INDEX]).catch(
@@ -108,6 +114,31 @@ export function postgresIdempotencyStore(pool: PgPool, options?: PostgresIdempot
       } catch (error) {
         throw mapPgError('idempotency read', error);
       }
+    },
+
+    async claim(key, token, record, keepMs) {
+      checkKey(key, 'key');
+      await ensure();
+      let refused: StaleTokenError | undefined;
+      try {
+        const written = await pool.query(CLAIM, params(key, token, record, keepMs));
+        if (written.rowCount === 1) return undefined;
+        // Not written: a live completed record (replayed), or a newer token (refused).
+        const { rows } = await pool.query(GET, [key]);
+        const row = rows[0];
+        if (row?.state === 'completed') {
+          return {
+            state: 'completed',
+            token: BigInt(row.token as string),
+            payloadHash: row.payload_hash as string,
+            ...(row.value === null ? {} : { value: row.value as string }),
+          };
+        }
+        refused = await stale(pool, key, token);
+      } catch (error) {
+        throw mapPgError('idempotency claim', error);
+      }
+      throw refused;
     },
 
     async put(key, token, record, keepMs) {

@@ -22,7 +22,7 @@ export const REDIS_IDEMPOTENCY_DEFAULTS = Object.freeze({
 });
 
 /** The put script's ARGV. */
-type PutArgs = [token: string, keepMs: string, state: string, recordToken: string, hash: string, value: string];
+type PutArgs = [token: string, keepMs: string, state: string, recordToken: string, hash: string, value: string, claim: '1' | ''];
 
 /**
  * The fenced write of one key's record, in one step. The hash holds the fence's mark `t` (the
@@ -31,12 +31,14 @@ type PutArgs = [token: string, keepMs: string, state: string, recordToken: strin
  * and would round tokens above 2^53). A lower token than the mark is refused with the mark as the
  * reply, and nothing changes; otherwise the mark is raised (or kept), the record written (or, with
  * an empty state, removed: the mark stays), and the whole hash expires keepMs later by the server's
- * clock (PEXPIRE).
+ * clock (PEXPIRE). A claim (ARGV[7] = '1') leaves a completed record as it is and answers
+ * '!completed' (the hash is live while it exists: it expires whole).
  */
 const PUT_SCRIPT = new LuaScript<[record: string], PutArgs>(
   'idempotency-put',
   `local high = redis.call('HGET', KEYS[1], 't')
 local t = ARGV[1]
+if ARGV[7] == '1' and redis.call('HGET', KEYS[1], 's') == 'completed' then return '!completed' end
 if high and (#high > #t or (#high == #t and high > t)) then return high end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], 's', 'r', 'h', 'v')
@@ -92,10 +94,21 @@ export function redisIdempotencyStore(client: RedisClientLike, options?: RedisId
       const t = token.toString();
       const ms = String(keepMs);
       const args: PutArgs = record
-        ? [t, ms, record.state, record.token.toString(), record.payloadHash, record.value === undefined ? '' : `=${record.value}`]
-        : [t, ms, '', '', '', ''];
+        ? [t, ms, record.state, record.token.toString(), record.payloadHash, record.value === undefined ? '' : `=${record.value}`, '']
+        : [t, ms, '', '', '', '', ''];
       const high = await call(PUT_SCRIPT.run(conn, [recordKey(key)], args), 'write record');
       if (high !== null && high !== undefined) throw new StaleTokenError(`idempotency:${key}`, token, BigInt(String(high)));
+    },
+
+    async claim(key, token, record, keepMs) {
+      checkKey(key, 'key');
+      if (typeof token !== 'bigint' || token < 1n) throw new InvalidArgumentError('token', `expected a positive bigint, got ${describe(token)}`);
+      checkInteger(keepMs, 'keepMs', 1, Number.MAX_SAFE_INTEGER);
+      const args: PutArgs = [token.toString(), String(keepMs), record.state, record.token.toString(), record.payloadHash, '', '1'];
+      const reply = await call(PUT_SCRIPT.run(conn, [recordKey(key)], args), 'claim record');
+      if (reply === null || reply === undefined) return undefined;
+      if (String(reply) === '!completed') return this.get(key);
+      throw new StaleTokenError(`idempotency:${key}`, token, BigInt(String(reply)));
     },
   };
 }

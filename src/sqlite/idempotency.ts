@@ -117,6 +117,24 @@ export function sqliteIdempotencyStore(db: SqliteDatabase, options?: SqliteIdemp
       }
     },
 
+    async claim(key, token, record, keepMs) {
+      checkKey(key, 'key');
+      try {
+        const s = await ensure();
+        // One IMMEDIATE transaction: a completed record that is still live wins over the claim.
+        const tx = db.transaction((): IdempotencyRecord | undefined => {
+          const row = s.get.get(key) as { token: bigint; state: IdempotencyRecord['state']; payload_hash: string; value: string | null } | undefined;
+          if (row?.state === 'completed')
+            return { state: row.state, token: row.token, payloadHash: row.payload_hash, ...(row.value === null ? {} : { value: row.value }) };
+          write(s, key, token, record, keepMs);
+          return undefined;
+        });
+        return await retryBusy('idempotency claim', () => (db.inTransaction ? tx() : tx.immediate()));
+      } catch (error) {
+        throw storeError('idempotency claim', error);
+      }
+    },
+
     async put(key, token, record, keepMs) {
       checkKey(key, 'key');
       try {

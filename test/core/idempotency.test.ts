@@ -30,7 +30,8 @@ function setup() {
   const own = (): Backend => Object.create(coordinator, { close: { value: async () => {} } }) as Backend;
   const store = memoryIdempotencyStore({ clock });
   const client = () => createIdempotency({ locks: new Locks({ backend: own(), clock }), store, ttlMs: 1_000, keepMs: 60_000, waitMs: 5_000 });
-  return { clock, store, client };
+  const locks = () => new Locks({ backend: own(), clock });
+  return { clock, store, client, locks };
 }
 
 describe('payloadHash', () => {
@@ -124,6 +125,38 @@ describe('idempotency', () => {
     expect(await idem.run('k', {}, () => 2)).toMatchObject({ value: 1, replayed: true });
     await advance(clock, 2_000, 1_000);
     expect(await idem.run('k', {}, () => 3)).toMatchObject({ value: 3, replayed: false });
+  });
+
+  it("a late completion that lands just before the takeover's claim is replayed, not overwritten: fn runs once", async () => {
+    const { clock, store, client, locks } = setup();
+    const a = client();
+    let resume!: () => void;
+    const paused = new Promise<void>((r) => (resume = r));
+    const first = a.run('race', {}, async () => {
+      await paused;
+      return 'first';
+    });
+    await flush();
+    clock.jump(1_500); // A's lease runs out while it is "frozen"
+    await flush();
+    const racing = {
+      get: (k: string) => store.get(k),
+      put: (...x: Parameters<typeof store.put>) => store.put(...x),
+      claim: async (...x: Parameters<typeof store.claim>) => {
+        resume(); // A's completion lands between B's read and B's claim
+        await first;
+        return store.claim(...x);
+      },
+    };
+    const b = createIdempotency({ locks: locks(), store: racing, ttlMs: 1_000 });
+    let runs = 0;
+    const second = await b.run('race', {}, () => {
+      runs++;
+      return 'second';
+    });
+    expect(await first).toMatchObject({ value: 'first', replayed: false });
+    expect(second).toMatchObject({ value: 'first', replayed: true });
+    expect(runs).toBe(0);
   });
 
   it('takeover: an attempt paused past its ttl is taken over with a higher token; its late completion is refused', async () => {

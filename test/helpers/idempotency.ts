@@ -201,6 +201,38 @@ export function idempotencyScenarios<Tx>(name: string, setup: () => Promise<Idem
       expect(await client().run(key, {}, () => 'third')).toMatchObject({ value: 'second', replayed: true });
     });
 
+    it("a late completion that lands just before the takeover's claim is replayed, not overwritten: fn runs once", async () => {
+      const key = fresh('race');
+      let resume!: () => void;
+      const paused = new Promise<void>((r) => (resume = r));
+      const first = frozen().run(key, {}, async () => {
+        await paused;
+        return 'first';
+      });
+      await sleep(TTL_MS + 300); // A's lease has run out; its completion has not landed yet
+      // B has taken the lease and read the record (in progress); A's completion lands right before B's claim.
+      const racing = {
+        get: (k: string) => store.get(k),
+        put: (...a: Parameters<typeof store.put>) => store.put(...a),
+        claim: async (...a: Parameters<typeof store.claim>) => {
+          resume();
+          await first;
+          return store.claim(...a);
+        },
+      };
+      const locks = target.locks();
+      clients.push(locks);
+      let runs = 0;
+      const second = await createIdempotency({ locks, store: racing, ttlMs: TTL_MS, keepMs: 60_000 }).run(key, {}, () => {
+        runs++;
+        return 'second';
+      });
+      expect(await first).toMatchObject({ value: 'first', replayed: false });
+      expect(second).toMatchObject({ value: 'first', replayed: true });
+      expect(runs).toBe(0);
+      expect(await store.get(key)).toMatchObject({ state: 'completed', value: '"first"' });
+    });
+
     describe('runInTransaction', () => {
       it('the effect and the completed record commit together; a replay writes nothing', async () => {
         const key = fresh('tx');
