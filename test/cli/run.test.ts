@@ -201,7 +201,7 @@ describe('leasehold run', () => {
     expect(r.code).toBe(128 + 9);
   });
 
-  it('on a lost lease (holder row deleted by an operator), sends COMMAND SIGTERM and exits with its status', async () => {
+  it('storage layout: on a lost lease (holder row deleted by an operator), sends COMMAND SIGTERM and exits with its status', async () => {
     const cli = startCli(['run', 'job', '--ttl', '1s', '--', NODE, CHILD, 'wait'], sb);
     await cli.waitFor(/^ready/m);
     expect(deleteHolderRows('job')).toBe(1);

@@ -60,7 +60,7 @@ describe('etcd options', () => {
   });
 });
 
-describe('etcd backend', () => {
+describe('etcd backend (storage layout: these tests read the keys under a lock on purpose)', () => {
   let cluster: Cluster;
   let etcd: Etcd3;
   let prefix: string;

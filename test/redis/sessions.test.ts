@@ -41,7 +41,7 @@ describe('redis sessions', () => {
     }
   });
 
-  it('losing the session aborts the signal of every lease of the client', async () => {
+  it('storage layout: losing the session (its key deleted) aborts the signal of every lease of the client', async () => {
     const server = await startRedis();
     const admin = new Redis(server.url);
     const locks = new Locks({ backend: redisBackend({ url: server.url }) });

@@ -52,7 +52,7 @@ describe('redis tokens survive data loss', () => {
     }
   });
 
-  it('a failover to a replica that missed the last writes: the next token is still greater', async () => {
+  it('storage layout: a failover to a replica that missed the last writes (the lock hash deleted): the next token is still greater', async () => {
     const primary = await startRedis(['--repl-diskless-sync-delay', '0']);
     const replica = await startRedis(['--replicaof', '127.0.0.1', '0']);
     const admin = new Redis(replica.url);

@@ -260,7 +260,7 @@ describe('redis waiting', () => {
     expect(granted).toContain('e3');
   });
 
-  it('an aborted waiter leaves no trace in Redis', async () => {
+  it('storage layout: an aborted waiter leaves no trace in Redis (its queue keys are read)', async () => {
     const a = locks();
     const b = locks();
     const held = await a.acquire('gone', { ttlMs: 10_000 });

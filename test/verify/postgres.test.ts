@@ -38,7 +38,7 @@ describe('leasehold verify on PostgreSQL', () => {
     expect(faultCount(r, 'delay')).toBeGreaterThanOrEqual(1);
   }, 120_000);
 
-  it('your own PostgreSQL (the shared server): passes with pause, delay and clock, and deletes what it wrote', async () => {
+  it('your own PostgreSQL (the shared server): passes with pause, delay and clock, and deletes what it wrote (storage layout: its tables are looked for)', async () => {
     const r = await verify(['--url', PG_URL, '--duration', '5s', '--ttl', '400ms', '--seed', '5', '--nemesis', 'pause,delay,clock'], sb);
     runs.push(r);
     expectPass(r, sb);

@@ -44,7 +44,7 @@ function runId(r: VerifyRun): string {
 }
 
 describe('leasehold verify on Redis', () => {
-  it('your own Redis (the shared server): passes with pause, delay and clock; crash is not applicable; the resource keys are removed', async () => {
+  it('your own Redis (the shared server): passes with pause, delay and clock; crash is not applicable; the resource keys are removed (storage layout: its keys are scanned)', async () => {
     const r = await verify(['--url', REDIS_URL, '--duration', '5s', '--ttl', '400ms', '--seed', '31'], sb);
     runs.push(r);
     expectPass(r, sb);
