@@ -76,15 +76,17 @@ export function redisIdempotencyStore(client: RedisClientLike, options?: RedisId
   const call = <T>(p: Promise<T>, what: string): Promise<T> => deadlines.bound(p, what);
   const recordKey = (key: string): string => lockKeyOf(prefix, key);
 
+  const get = async (key: string): Promise<IdempotencyRecord | undefined> => {
+    checkKey(key, 'key');
+    const reply = await call(conn.command(['HMGET', recordKey(key), 's', 'r', 'h', 'v']), 'read record');
+    const [state, token, hash, value] = (reply as unknown[]).map((v) => (v === null || v === undefined ? undefined : String(v)));
+    if (state !== 'in-progress' && state !== 'completed') return undefined;
+    const record: IdempotencyRecord = { state, token: BigInt(token ?? '0'), payloadHash: hash ?? '' };
+    return value === undefined ? record : { ...record, value };
+  };
+
   return {
-    async get(key) {
-      checkKey(key, 'key');
-      const reply = await call(conn.command(['HMGET', recordKey(key), 's', 'r', 'h', 'v']), 'read record');
-      const [state, token, hash, value] = (reply as unknown[]).map((v) => (v === null || v === undefined ? undefined : String(v)));
-      if (state !== 'in-progress' && state !== 'completed') return undefined;
-      const record: IdempotencyRecord = { state, token: BigInt(token ?? '0'), payloadHash: hash ?? '' };
-      return value === undefined ? record : { ...record, value };
-    },
+    get,
 
     async put(key, token, record, keepMs) {
       checkKey(key, 'key');
@@ -107,7 +109,7 @@ export function redisIdempotencyStore(client: RedisClientLike, options?: RedisId
       const args: PutArgs = [token.toString(), String(keepMs), record.state, record.token.toString(), record.payloadHash, '', '1'];
       const reply = await call(PUT_SCRIPT.run(conn, [recordKey(key)], args), 'claim record');
       if (reply === null || reply === undefined) return undefined;
-      if (String(reply) === '!completed') return this.get(key);
+      if (String(reply) === '!completed') return get(key);
       throw new StaleTokenError(`idempotency:${key}`, token, BigInt(String(reply)));
     },
   };
