@@ -1,28 +1,33 @@
 /**
- * Election with real processes (issue 16): three processes campaign on a SQLite lease store; the
+ * Election with real processes (issue 16): three processes campaign on Redis (a frozen process
+ * holds nothing open on the server, as it would hold SQLite's write lock mid-transaction); the
  * leader is frozen with SIGSTOP past its ttl; another is elected with a higher term; the frozen one
  * learns of its loss as soon as it runs again and its late fenced write is refused; an observer
  * (this process) sees every leader in order.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { Leader } from '../../src/core/election.js';
+import { Redis } from 'ioredis';
 import { Locks } from '../../src/core/locks.js';
-import { sqliteBackend } from '../../src/sqlite/index.js';
-import { eventually, tempDir } from '../helpers/env.js';
+import { redisBackend } from '../../src/redis/index.js';
+import { eventually, uniqueName } from '../helpers/env.js';
 
 const script = new URL('../fixtures/election-worker.mjs', import.meta.url).pathname;
 const TTL_MS = 600;
-const dir = tempDir();
+const REDIS_URL = process.env.LEASEHOLD_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const prefix = `${uniqueName('election')}:`;
 const children: ChildProcess[] = [];
-afterAll(() => {
+afterAll(async () => {
   for (const c of children) {
     c.kill('SIGCONT');
     c.kill('SIGKILL');
   }
-  dir.cleanup();
+  const admin = new Redis(REDIS_URL);
+  const keys = await admin.keys(`*${prefix}*`);
+  if (keys.length > 0) await admin.del(...keys);
+  admin.disconnect();
 });
 
 interface Event {
@@ -36,10 +41,8 @@ interface Event {
 
 describe('election across processes', () => {
   it('a frozen leader is replaced by a higher term, learns it on waking, and its late write is refused', async () => {
-    const locksDb = join(dir.path, 'locks.db');
-    const dataDb = join(dir.path, 'data.db');
     const events: Event[] = [];
-    const observer = new Locks({ backend: sqliteBackend({ path: locksDb }) });
+    const observer = new Locks({ backend: redisBackend({ url: REDIS_URL, prefix: `${prefix}locks:` }) });
     const stop = new AbortController();
     const seen: (Leader | null)[] = [];
     const observing = (async () => {
@@ -47,7 +50,7 @@ describe('election across processes', () => {
     })();
 
     for (const name of ['n1', 'n2', 'n3']) {
-      const child = spawn(process.execPath, [script, locksDb, dataDb, name, String(TTL_MS)], { stdio: ['ignore', 'pipe', 'inherit'] });
+      const child = spawn(process.execPath, [script, REDIS_URL, prefix, name, String(TTL_MS)], { stdio: ['ignore', 'pipe', 'inherit'] });
       children.push(child);
       createInterface({ input: child.stdout! }).on('line', (line) => events.push(JSON.parse(line) as Event));
     }
