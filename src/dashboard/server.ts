@@ -28,7 +28,12 @@ const HEARTBEAT_MS = 15_000;
  */
 export function dashboardRoutes(app: FastifyInstance, options: DashboardOptions & { onViewer?: () => void }): Watcher {
   const locks = options.locks;
-  const watcher = new Watcher({ inspect: (p) => locks.inspect(p), prefix: options.prefix ?? '', pollMs: options.pollMs ?? 250 });
+  const watcher = new Watcher({
+    inspect: (p) => locks.inspect(p),
+    watch: (key, onChange) => locks.watch(key, onChange),
+    prefix: options.prefix ?? '',
+    pollMs: options.pollMs ?? 250,
+  });
   const page = dashboardPage(options.title);
   app.addHook('onReady', async () => {
     await watcher.start().catch(() => {});

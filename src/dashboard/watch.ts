@@ -92,6 +92,11 @@ export function diff(previous: readonly KeyView[], next: readonly KeyView[], ela
 export interface WatcherOptions {
   /** Reads the coordinator (`locks.inspect`). */
   readonly inspect: (prefix: string) => Promise<KeyState[]>;
+  /**
+   * The backend's change notifications of one key (`locks.watch`), where it has them: every key
+   * shown is watched, and a notification reads at once instead of at the next poll.
+   */
+  readonly watch?: (key: string, onChange: () => void) => Promise<(() => void) | undefined>;
   readonly prefix: string;
   /** Between reads. @default 250 */
   readonly pollMs?: number;
@@ -107,7 +112,9 @@ export type WatchListener = (update: { snapshot: Snapshot; changes: readonly Cha
  * `poke()` reads at once (a backend's change notification, say). Reads never overlap.
  */
 export class Watcher {
-  readonly #o: Required<WatcherOptions>;
+  readonly #o: Required<Omit<WatcherOptions, 'watch'>> & Pick<WatcherOptions, 'watch'>;
+  /** Keys watched now (their stop functions), following the keys of the latest snapshot. */
+  readonly #watched = new Map<string, Promise<(() => void) | undefined>>();
   readonly #listeners = new Set<WatchListener>();
   readonly #history: Change[] = [];
   #snapshot: Snapshot;
@@ -146,6 +153,27 @@ export class Watcher {
     this.#stopped = true;
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = undefined;
+    for (const stopping of this.#watched.values()) void stopping.then((off) => off?.()).catch(() => {});
+    this.#watched.clear();
+  }
+
+  /** Watches the keys shown, and stops watching the ones gone (best effort: polling still runs). */
+  #follow(keys: readonly KeyView[]): void {
+    const watch = this.#o.watch;
+    if (!watch || this.#stopped) return;
+    const shown = new Set(keys.map((k) => k.key));
+    for (const [key, stopping] of this.#watched) {
+      if (shown.has(key)) continue;
+      this.#watched.delete(key);
+      void stopping.then((off) => off?.()).catch(() => {});
+    }
+    for (const key of shown) {
+      if (this.#watched.has(key)) continue;
+      this.#watched.set(
+        key,
+        watch(key, () => void this.poke()).catch(() => undefined),
+      );
+    }
   }
 
   /** Reads now (or right after the read in flight). */
@@ -185,6 +213,7 @@ export class Watcher {
     const changes = first ? [] : diff(this.#snapshot.keys, keys, startedAt - this.#readAt, at);
     this.#readAt = startedAt;
     this.#snapshot = { at, prefix: this.#o.prefix, keys };
+    this.#follow(keys);
     this.#history.push(...changes);
     if (this.#history.length > this.#o.historySize) this.#history.splice(0, this.#history.length - this.#o.historySize);
     this.#emit({ snapshot: this.#snapshot, changes });

@@ -65,6 +65,20 @@ describe('the watcher on a real coordinator', () => {
     await locks.close();
   });
 
+  it("follows the keys shown through the backend's change notifications: a release is seen long before the next poll", async () => {
+    const locks = new Locks({ backend: memoryBackend() });
+    const lease = await locks.acquire('n:job', { ttlMs: 5_000 });
+    const watcher = new Watcher({ inspect: (p) => locks.inspect(p), watch: (k, f) => locks.watch(k, f), prefix: 'n:', pollMs: 60_000 });
+    const seen: string[] = [];
+    watcher.on(({ changes }) => seen.push(...changes.map((c) => c.kind)));
+    await watcher.start();
+    await new Promise((r) => setTimeout(r, 50)); // the watch is set up after the first read
+    await lease.release();
+    expect(await eventually(() => seen.includes('released'), 2_000)).toBe(true); // the poll is a minute away
+    watcher.stop();
+    await locks.close();
+  });
+
   it('a failed read is reported and the last snapshot kept; reading resumes', async () => {
     let fail = false;
     const locks = new Locks({ backend: memoryBackend() });
