@@ -217,7 +217,10 @@ export class Idempotency<Tx = unknown> {
       if (current && current.payloadHash !== hash) throw new IdempotencyMismatchError(key);
       // A late completion of the attempt we took over may land right up to our claim: the claim
       // then finds it and replays it instead of running fn again.
-      const finished = await this.#store.claim(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#keepMs);
+      // The in-progress record lives the lease's ttl, not keepMs: it never outlives its lease (a
+      // renewed lease keeps the key anyway; a record gone early is harmless — the next claim needs
+      // the lease, and a late completion with no newer claim in between is the only completion).
+      const finished = await this.#store.claim(key, lease.token, { state: 'in-progress', token: lease.token, payloadHash: hash }, this.#ttlMs);
       if (finished) {
         if (finished.payloadHash !== hash) throw new IdempotencyMismatchError(key);
         return { value: JSON.parse(finished.value ?? 'null') as T, replayed: true, token: finished.token };

@@ -10,8 +10,8 @@ export interface MemoryIdempotencyStoreOptions {
 
 /**
  * Idempotency records in this process (tests, one-process services): each key's record and the
- * highest token that wrote it, checked and written in one synchronous step (the fence). Completed
- * records are dropped keepMs after they were written, when next read.
+ * highest token that wrote it, checked and written in one synchronous step (the fence). A record is
+ * dropped keepMs after it was written (its mark stays), when next read.
  */
 export function memoryIdempotencyStore(options?: MemoryIdempotencyStoreOptions): IdempotencyStore {
   const o = checkObject(options, 'options');
@@ -22,7 +22,7 @@ export function memoryIdempotencyStore(options?: MemoryIdempotencyStoreOptions):
   return {
     async get(key) {
       const r = records.get(key);
-      if (r && r.record.state === 'completed' && r.expiresAt <= clock.now()) {
+      if (r && r.expiresAt <= clock.now()) {
         records.delete(key);
         return undefined;
       }

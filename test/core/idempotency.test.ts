@@ -159,6 +159,20 @@ describe('idempotency', () => {
     expect(runs).toBe(0);
   });
 
+  it('the in-progress record lives the lease ttl, not keepMs (it never outlives its lease)', async () => {
+    const { clock, store, client } = setup();
+    let finish!: () => void;
+    const running = client().run('long', {}, () => new Promise<string>((r) => (finish = () => r('done'))));
+    await flush();
+    expect(await store.get('long')).toMatchObject({ state: 'in-progress' });
+    await advance(clock, 1_100); // the ttl is 1 s: the lease is renewed, the claim record has lapsed
+    expect(await store.get('long')).toBeUndefined();
+    finish();
+    await advance(clock, 100);
+    expect(await running).toMatchObject({ value: 'done', replayed: false });
+    expect(await store.get('long')).toMatchObject({ state: 'completed' });
+  });
+
   it('takeover: an attempt paused past its ttl is taken over with a higher token; its late completion is refused', async () => {
     const { clock, store, client } = setup();
     const [a, b] = [client(), client()];
