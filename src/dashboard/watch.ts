@@ -117,6 +117,8 @@ export class Watcher {
   readonly #watched = new Map<string, Promise<(() => void) | undefined>>();
   readonly #listeners = new Set<WatchListener>();
   readonly #history: Change[] = [];
+  /** The last holder of a key that expired, until the key's next change (see #takeOvers). */
+  readonly #lastExpired = new Map<string, { token: string; holder: string }>();
   #snapshot: Snapshot;
   #readAt = 0;
   #timer: ReturnType<typeof setTimeout> | undefined;
@@ -210,13 +212,31 @@ export class Watcher {
     const at = Date.now();
     const keys = toView(states);
     const first = this.#readAt === 0;
-    const changes = first ? [] : diff(this.#snapshot.keys, keys, startedAt - this.#readAt, at);
+    const changes = first ? [] : this.#takeOvers(diff(this.#snapshot.keys, keys, startedAt - this.#readAt, at));
     this.#readAt = startedAt;
     this.#snapshot = { at, prefix: this.#o.prefix, keys };
     this.#follow(keys);
     this.#history.push(...changes);
     if (this.#history.length > this.#o.historySize) this.#history.splice(0, this.#history.length - this.#o.historySize);
     this.#emit({ snapshot: this.#snapshot, changes });
+  }
+
+  /**
+   * An expiry and the grant that follows it can fall in two reads (reads are frequent where the
+   * backend sends change notifications): a grant on a key whose last holder expired, with nothing
+   * in between, is the take-over of that holder.
+   */
+  #takeOvers(changes: Change[]): Change[] {
+    return changes.map((c) => {
+      if (c.kind === 'expired') {
+        this.#lastExpired.set(c.key, { token: c.token, holder: c.holder });
+        return c;
+      }
+      const previous = this.#lastExpired.get(c.key);
+      this.#lastExpired.delete(c.key);
+      if (c.kind === 'granted' && previous) return { ...c, kind: 'taken-over', previous };
+      return c;
+    });
   }
 
   #emit(update: Parameters<WatchListener>[0]): void {
