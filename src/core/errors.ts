@@ -186,6 +186,21 @@ export class IdempotencyMismatchError extends LeaseholdError {
   }
 }
 
+/**
+ * The refusal of a shared request whose limit the key's live holders do not share
+ * (`AcquireRequest.limit`), naming both: `held` is the holders' limit (undefined: plain shared
+ * holders), `asked` the request's (undefined: a plain shared request). Every backend answers with it.
+ */
+export function limitConflictMessage(key: string, held: number | undefined, asked: number | undefined): string {
+  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
+  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
+}
+
+/** {@link limitConflictMessage} as the InvalidArgumentError (argument `limit`) a backend rejects with. */
+export function limitConflict(key: string, held: number | undefined, asked: number | undefined, options?: { cause?: unknown }): InvalidArgumentError {
+  return new InvalidArgumentError('limit', limitConflictMessage(key, held, asked), options);
+}
+
 /** Every error code with a one-line description; the README's error table is checked against this. */
 export const ERROR_CODES: Readonly<Record<ErrorCode, string>> = Object.freeze({
   ACQUIRE_TIMEOUT: 'acquire waited waitMs and the key stayed busy',

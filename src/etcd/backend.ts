@@ -12,7 +12,7 @@
  */
 import { Etcd3, type ICompare, type IRequestOp } from './driver.js';
 import type { AcquireRequest, AcquireResult, Backend, HandOff, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
-import { InvalidArgumentError } from '../core/errors.js';
+import { limitConflict } from '../core/errors.js';
 import type { LockMode } from '../core/validate.js';
 import { FollowUps } from './follow-ups.js';
 import { KeyLayout, encodePart, rangeEnd } from './keys.js';
@@ -24,7 +24,6 @@ import { DELAY_MARGIN_S, SessionTable } from './sessions.js';
 import {
   ahead,
   conflict,
-  conflictMessage,
   delayValue,
   entryValue,
   freeKeyGuards,
@@ -318,7 +317,7 @@ class EtcdBackend implements Backend {
         // An earlier call of the owner still running may write under the name after this: it deletes again when it ends.
         if ((this.#running.get(req.owner) ?? 0) > 1) nm.cancelled = true;
         await this.#drop(req, nm, p);
-        throw new InvalidArgumentError('limit', conflictMessage(req.key, held.limit, limit));
+        throw limitConflict(req.key, held.limit, limit);
       };
 
       let view: View | undefined;

@@ -11,6 +11,7 @@
  * permits are ahead of it (it is among the first N). A shared request that finds the key held by
  * shared holders of another kind is refused (`conflict`).
  */
+import { limitConflictMessage } from '../core/errors.js';
 import type { ICompare, IKeyValue } from 'etcd3';
 import type { HandOff, HolderState, KeyState } from '../core/backend.js';
 import type { LockMode } from '../core/validate.js';
@@ -182,11 +183,8 @@ export function conflict(view: View, own: Entry | undefined, mode: LockMode, lim
   return holders(view).find((e) => e.key !== own?.key && e.mode === 'shared' && e.limit !== limit);
 }
 
-/** The refusal's message for a request of `asked` permits (undefined: plain shared) on a key held by shared holders of `held`. */
-export function conflictMessage(key: string, held: number | undefined, asked: number | undefined): string {
-  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
-  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
-}
+/** The refusal's message (core's, as every backend's). */
+export const conflictMessage = limitConflictMessage;
 
 /**
  * The guards of the first transaction of a request: our entry does not exist yet, nobody is queued

@@ -1,6 +1,6 @@
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult, SessionSupport } from '../core/backend.js';
 import { systemClock, type Clock, type TimerHandle } from '../core/clock.js';
-import { InvalidArgumentError } from '../core/errors.js';
+import { limitConflict } from '../core/errors.js';
 import { checkObject, checkKnownOptions, checkBoolean, checkClock } from '../core/validate.js';
 import type { LockMode } from '../core/validate.js';
 
@@ -211,7 +211,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
       const limit = req.mode === 'shared' ? req.limit : undefined;
       if (req.mode === 'shared') {
         for (const h of r.holders.values()) {
-          if (h.mode === 'shared' && h.limit !== limit) throw new InvalidArgumentError('limit', limitConflict(req.key, h.limit, limit));
+          if (h.mode === 'shared' && h.limit !== limit) throw limitConflict(req.key, h.limit, limit);
         }
       }
       const free = compatible(r, req.mode, limit) && now >= r.delayUntil;
@@ -361,10 +361,6 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
  * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
  * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
  */
-function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
-  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
-  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
-}
 
 /** The coordinator behind `memory:` URLs, created on first use and never closed. */
 let shared: Backend | undefined;

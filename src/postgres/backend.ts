@@ -1,6 +1,6 @@
 import * as pg from './driver.js';
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
+import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { Listener, type ListenConnection } from './listener.js';
 import { LIMIT_CONFLICT_STATE, SCHEMA_VERSION, schemaNames, schemaStatements, type PostgresSchemaOptions } from './schema.js';
@@ -216,7 +216,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
         if (sqlState(error) !== LIMIT_CONFLICT_STATE) throw mapError('acquire', error);
         const detail = (error as { detail?: unknown }).detail;
         const held = typeof detail === 'string' && /^[0-9]+$/.test(detail) ? Number(detail) : undefined;
-        throw new InvalidArgumentError('limit', limitConflict(req.key, held, req.limit), { cause: error });
+        throw limitConflict(req.key, held, req.limit, { cause: error });
       }
       if (!r) throw new BackendUnavailableError('postgres', 'acquire returned no row');
       if (r.granted === true) return { granted: true, token: BigInt(r.token as string), ttlMs: req.ttlMs };
@@ -306,15 +306,6 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     };
   }
   return backend;
-}
-
-/**
- * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
- * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
- */
-function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
-  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
-  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
 }
 
 /** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */

@@ -1,12 +1,9 @@
-import { InvalidArgumentError } from '../core/errors.js';
+import { type InvalidArgumentError, limitConflict as refuse } from '../core/errors.js';
 
 /**
- * The refusal of a shared request whose limit the key's holders do not share (`AcquireRequest.limit`),
- * naming both. `held`: the holders' limit as the Lua reports it (a decimal; '' for plain shared
- * holders); `limit`: the request's (undefined: a plain shared request).
+ * Core's refusal of a shared request whose limit the key's holders do not share, from what the Lua
+ * reports: `held` is the holders' limit as a decimal ('' for plain shared holders).
  */
 export function limitConflict(key: string, held: string, limit: number | undefined): InvalidArgumentError {
-  const holders = held === '' ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
-  const request = limit === undefined ? 'this request is a plain shared one, without a limit' : `this request asks for ${limit}`;
-  return new InvalidArgumentError('limit', `key ${JSON.stringify(key)} is held ${holders}; ${request}`);
+  return refuse(key, held === '' ? undefined : Number(held), limit);
 }

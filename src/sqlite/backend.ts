@@ -1,6 +1,6 @@
 import Database from 'better-sqlite3';
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError, LeaseholdError } from '../core/errors.js';
+import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
 import { checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { checkIdentifier, checkMachineClock, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase } from './util.js';
 
@@ -205,7 +205,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     const asked = req.limit;
     for (const h of holders) {
       const held = h.permit_limit === null ? undefined : Number(h.permit_limit);
-      if (h.mode === 'shared' && held !== asked) throw new InvalidArgumentError('limit', limitConflict(req.key, held, asked));
+      if (h.mode === 'shared' && held !== asked) throw limitConflict(req.key, held, asked);
     }
   };
 
@@ -508,15 +508,6 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       if (ownsDb && db.open) db.close();
     },
   };
-}
-
-/**
- * The refusal of a request whose limit is not the key's (see `AcquireRequest.limit`): `held` is the
- * limit of the key's shared holders (undefined: plain shared), `asked` the request's.
- */
-function limitConflict(key: string, held: number | undefined, asked: number | undefined): string {
-  const what = held === undefined ? 'by shared holders without a limit' : `as a semaphore of ${held} permits`;
-  return `key ${JSON.stringify(key)} is held ${what}; this request asks for ${asked === undefined ? 'a shared lock without a limit' : `${asked} permits`}`;
 }
 
 function mapError(what: string, error: unknown): LeaseholdError {
