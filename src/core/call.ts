@@ -56,3 +56,20 @@ export function toLeaseholdError(error: unknown, backend: string): LeaseholdErro
   if (error instanceof LeaseholdError) return error;
   return new BackendUnavailableError(backend, error instanceof Error ? error.message : String(error), { cause: error });
 }
+
+/**
+ * Resolves once `p` settles or `ms` passed, whichever comes first; never rejects (a close that must
+ * not hang on a frozen server). An undefined `p` resolves at once. The timer is a plain, ref'd Node
+ * timer (as the adapters' copies had it): a close still pending keeps the process alive for at most `ms`.
+ */
+export function settleWithin(p: Promise<unknown> | undefined, ms: number): Promise<void> {
+  if (p === undefined) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    p.then(done, done);
+  });
+}

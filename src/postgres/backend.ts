@@ -1,5 +1,6 @@
 import * as pg from './driver.js';
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
+import { settleWithin } from '../core/call.js';
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { Listener, type ListenConnection } from './listener.js';
@@ -306,18 +307,6 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     };
   }
   return backend;
-}
-
-/** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */
-function settleWithin(p: Promise<unknown>, ms: number): Promise<void> {
-  return new Promise<void>((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    p.then(done, done);
-  });
 }
 
 /**

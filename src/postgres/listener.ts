@@ -1,3 +1,4 @@
+import { settleWithin } from '../core/call.js';
 import { quotePg } from './util.js';
 
 /** One connection that can LISTEN: a dedicated pg `Client`, or a client checked out of a pool and never returned. */
@@ -38,18 +39,6 @@ const RECONNECT_BASE_MS = 100;
 const RECONNECT_CAP_MS = 2_000;
 /** close() waits at most this long for a connection still opening (it is dropped when it opens, or fails by its timeouts). */
 const CLOSE_WAIT_MS = 2_000;
-
-/** Resolves once `p` settles or `ms` passed, whichever is first; never rejects. */
-function settleWithin(p: Promise<unknown>, ms: number): Promise<void> {
-  return new Promise<void>((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    p.then(done, done);
-  });
-}
 
 /**
  * The backend's single LISTEN connection, shared by every waiter of this backend instance. It is

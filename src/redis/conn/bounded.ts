@@ -1,17 +1,5 @@
 /** Time-bounded waits for the adapters: closing and opening connections must not hang on a frozen server. */
-
-/** Resolves once `p` settles or `ms` passed, whichever comes first; never rejects (a close that must not hang). */
-export function settleWithin(p: Promise<unknown> | undefined, ms: number): Promise<void> {
-  if (p === undefined) return Promise.resolve();
-  return new Promise<void>((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    p.then(done, done);
-  });
-}
+export { settleWithin } from '../../core/call.js';
 
 /**
  * `p`, unless `ms` pass or `signal` aborts first: then it rejects (and `p`'s outcome is ignored).
