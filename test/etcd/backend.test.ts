@@ -11,7 +11,7 @@ import { Locks } from '../../src/core/locks.js';
 import { etcdBackend, type EtcdClient } from '../../src/etcd/index.js';
 import { decodePart, encodePart, KeyLayout, parseKey } from '../../src/etcd/keys.js';
 import { startCluster, type Cluster } from '../fixtures/etcd-cluster.mjs';
-import { eventually, sleep, uniqueName } from '../helpers/env.js';
+import { acquireRequest, eventually, sleep, uniqueName } from '../helpers/env.js';
 
 describe('etcd key layout', () => {
   it('encodes any key so that it round-trips, never contains the separator and keeps prefixes', () => {
@@ -78,17 +78,7 @@ describe('etcd backend (storage layout: these tests read the keys under a lock o
     opened.push(l);
     return l;
   };
-  const request = (k: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-    key: k,
-    owner,
-    mode: 'exclusive',
-    ttlMs: 10_000,
-    lockDelayMs: 0,
-    holder: owner,
-    queue: false,
-    queueTtlMs: 2_000,
-    ...extra,
-  });
+  const request = acquireRequest;
   /** Everything under our prefix for one lock key, as etcd has it. */
   const raw = async (k: string) => (await etcd.getAll().prefix(new KeyLayout(prefix, k).base).exec()).kvs;
 

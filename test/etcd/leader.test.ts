@@ -4,11 +4,11 @@
  * the gRPC messages it received, from its /metrics), and what happens when the leader dies.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
+import type { Backend, HandOff } from '../../src/core/backend.js';
 import { etcdBackend } from '../../src/etcd/index.js';
 import { agreedLeader } from '../../src/etcd/route.js';
 import { startCluster, type Cluster, type Member } from '../fixtures/etcd-cluster.mjs';
-import { eventually, sleep, uniqueName } from '../helpers/env.js';
+import { acquireRequest, eventually, sleep, uniqueName } from '../helpers/env.js';
 
 describe("which member leads, from every member's Status", () => {
   const status = (member: string, leader: string) => ({ leader, header: { member_id: member } });
@@ -43,17 +43,7 @@ describe('etcd backend with several hosts: requests go to the leader', () => {
     opened.push(b);
     return b;
   };
-  const request = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-    key,
-    owner,
-    mode: 'exclusive',
-    ttlMs: 10_000,
-    lockDelayMs: 0,
-    holder: owner,
-    queue: false,
-    queueTtlMs: 2_000,
-    ...extra,
-  });
+  const request = acquireRequest;
   /** gRPC messages each running member received, by method (a member that is down counts nothing). */
   const received = async (): Promise<Record<string, number>[]> =>
     Promise.all(

@@ -1,3 +1,4 @@
+import type { AcquireRequest } from '../../src/core/backend.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,3 +20,16 @@ export function tempDir(prefix = 'leasehold-test-'): { path: string; cleanup: ()
 
 // The conformance suites' waiting helpers (src/testing/wait.ts), one definition for every test.
 export { eventually, sleep } from '../../src/testing/wait.js';
+
+/** A backend acquire request with the tests' usual defaults (exclusive, 10 s ttl, not queued); `extra` overrides. */
+export const acquireRequest = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
+  key,
+  owner,
+  mode: 'exclusive',
+  ttlMs: 10_000,
+  lockDelayMs: 0,
+  holder: owner,
+  queue: false,
+  queueTtlMs: 2_000,
+  ...extra,
+});

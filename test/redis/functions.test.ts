@@ -5,9 +5,10 @@
  * itself (INFO commandstats) on redis-servers of our own.
  */
 import { afterAll, describe, expect, it } from 'vitest';
+import { acquireRequest } from '../helpers/env.js';
 import { Redis } from 'ioredis';
 import { createClient } from 'redis';
-import type { AcquireRequest, Backend } from '../../src/core/backend.js';
+import type { Backend } from '../../src/core/backend.js';
 import { InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { BATCH_SIZE } from '../../src/redis/lua/runner.js';
@@ -16,17 +17,7 @@ import { commandStats, delta, scriptCalls, startRedis, stopAll } from './servers
 
 afterAll(stopAll);
 
-const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key,
-  owner,
-  mode: 'exclusive',
-  ttlMs: 10_000,
-  lockDelayMs: 0,
-  holder: owner,
-  queue: false,
-  queueTtlMs: 2_000,
-  ...extra,
-});
+const req = acquireRequest;
 
 async function grantAndRelease(backend: Backend, key: string, owner: string): Promise<bigint> {
   const g = await backend.acquire(req(key, owner));

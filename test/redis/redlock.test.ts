@@ -9,12 +9,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { createClient } from 'redis';
-import type { AcquireRequest, Backend } from '../../src/core/backend.js';
+import type { Backend } from '../../src/core/backend.js';
 import { BackendUnavailableError, StaleTokenError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { memoryFence } from '../../src/memory/index.js';
 import { redlockBackend } from '../../src/redis/index.js';
-import { eventually, sleep } from '../helpers/env.js';
+import { acquireRequest, eventually, sleep } from '../helpers/env.js';
 import { commandStats, delta, startRedis, stopAll, type RedisServer } from './servers.js';
 
 let servers: RedisServer[];
@@ -96,17 +96,7 @@ describe('redlock', () => {
   });
 });
 
-const req = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => ({
-  key,
-  owner,
-  mode: 'exclusive',
-  ttlMs: 10_000,
-  lockDelayMs: 0,
-  holder: owner,
-  queue: false,
-  queueTtlMs: 2_000,
-  ...extra,
-});
+const req = acquireRequest;
 
 /** Three servers of the test's own, an admin connection to each, killed and closed by `done`. */
 async function trio(): Promise<{ servers: RedisServer[]; admins: Redis[]; done: () => Promise<void> }> {
