@@ -5,21 +5,14 @@
  * has passed, then it expires. The memory coordinator on an injected clock.
  */
 import { describe, expect, it } from 'vitest';
+import { advance as advanceBy } from '../helpers/clock.js';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
 import { manualClock, type ManualClock } from '../../src/core/clock.js';
 import { InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
 
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
-};
-async function advance(clock: ManualClock, ms: number, step = 50): Promise<void> {
-  for (let t = 0; t < ms; t += step) {
-    clock.advance(Math.min(step, ms - t));
-    await flush();
-  }
-}
+const advance = (clock: ManualClock, ms: number, step = 50): Promise<void> => advanceBy(clock, ms, step);
 
 /** The memory coordinator, recording what core sends. */
 function recording(clock: ManualClock): { backend: Backend; sent: AcquireRequest[] } {

@@ -7,6 +7,7 @@
  * The same logic runs on the SQLite, PostgreSQL and Redis stores in their own tests.
  */
 import { describe, expect, it } from 'vitest';
+import { flush, advance as advanceBy } from '../helpers/clock.js';
 import type { Backend } from '../../src/core/backend.js';
 import { manualClock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, IdempotencyMismatchError, InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
@@ -14,15 +15,7 @@ import { createIdempotency, payloadHash } from '../../src/core/idempotency.js';
 import { Locks } from '../../src/core/locks.js';
 import { memoryBackend, memoryIdempotencyStore } from '../../src/memory/index.js';
 
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
-};
-async function advance(clock: ManualClock, ms: number, step = 50): Promise<void> {
-  for (let t = 0; t < ms; t += step) {
-    clock.advance(Math.min(step, ms - t));
-    await flush();
-  }
-}
+const advance = (clock: ManualClock, ms: number, step = 50): Promise<void> => advanceBy(clock, ms, step);
 
 function setup() {
   const clock = manualClock(1_000);

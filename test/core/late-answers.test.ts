@@ -8,23 +8,13 @@
  * Redis and etcd through a delaying proxy in test/redis and test/etcd).
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { flush, advance } from '../helpers/clock.js';
 import type { AcquireRequest, AcquireResult, Backend } from '../../src/core/backend.js';
 import { manualClock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError } from '../../src/core/errors.js';
 import type { LockEvents } from '../../src/core/events.js';
 import { Locks } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
-
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
-};
-
-async function advance(clock: ManualClock, ms: number, step = 5): Promise<void> {
-  for (let t = 0; t < ms; t += step) {
-    clock.advance(Math.min(step, ms - t));
-    await flush();
-  }
-}
 
 /**
  * The memory coordinator behind a link that holds every acquire request (the coordinator sees it

@@ -4,6 +4,7 @@
  * same manual clock, sometimes behind a wrapper that injects failures.
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { flush, advance } from '../helpers/clock.js';
 import type { AcquireRequest, Backend, HandOff, RenewRequest, RenewResult } from '../../src/core/backend.js';
 import { manualClock, type Clock, type ManualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, BackendUnavailableError, InvalidArgumentError, LeaseLostError } from '../../src/core/errors.js';
@@ -11,18 +12,6 @@ import type { LockEvents } from '../../src/core/events.js';
 import { onLoss, type Lease } from '../../src/core/lease.js';
 import { Locks, WAITING } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
-
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
-};
-
-/** Advances the manual clock in steps, letting promises settle between them. */
-async function advance(clock: ManualClock, ms: number, step = 5): Promise<void> {
-  for (let t = 0; t < ms; t += step) {
-    clock.advance(Math.min(step, ms - t));
-    await flush();
-  }
-}
 
 /** A backend wrapper whose renew/release/acquire can be made to fail or hang (core logic under test, not a server). */
 function faulty(inner: Backend) {

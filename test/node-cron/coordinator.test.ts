@@ -6,6 +6,7 @@
  */
 import cron, { type RunCoordinator, type TaskContext } from 'node-cron';
 import { afterEach, describe, expect, it } from 'vitest';
+import { advance as advanceBy } from '../helpers/clock.js';
 import type { Backend } from '../../src/core/backend.js';
 import { manualClock, type ManualClock } from '../../src/core/clock.js';
 import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
@@ -14,15 +15,7 @@ import { Locks } from '../../src/core/locks.js';
 import { memoryBackend } from '../../src/memory/index.js';
 import { cronCoordinator } from '../../src/node-cron/index.js';
 
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
-};
-async function advance(clock: ManualClock, ms: number, step = 100): Promise<void> {
-  for (let t = 0; t < ms; t += step) {
-    clock.advance(Math.min(step, ms - t));
-    await flush();
-  }
-}
+const advance = (clock: ManualClock, ms: number, step = 100): Promise<void> => advanceBy(clock, ms, step);
 
 /** `count` clients (instances) of one memory coordinator on one injected clock. */
 function instances(count: number, clock?: ManualClock): Locks[] {

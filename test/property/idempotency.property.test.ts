@@ -9,6 +9,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { flush } from '../helpers/clock.js';
 import type { Backend } from '../../src/core/backend.js';
 import { manualClock } from '../../src/core/clock.js';
 import { AcquireTimeoutError, StaleTokenError } from '../../src/core/errors.js';
@@ -30,10 +31,6 @@ const attemptArb: fc.Arbitrary<Attempt> = fc.record({
   duration: fc.integer({ min: 0, max: 800 }),
   renews: fc.boolean(),
 });
-
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 6; i++) await new Promise((r) => setImmediate(r));
-};
 
 async function history(attempts: Attempt[], unfenced = false): Promise<void> {
   const clock = manualClock(1_000);
