@@ -18,6 +18,12 @@
  *   the live shared holders record when it is not `lim` (a decimal string; '' for plain shared
  *   holders), else nil. Such a request is refused, not queued (`AcquireRequest.limit`).
  * extend_at(key, at, now): moves the key's expiry to `at` if it would expire earlier (never shortens).
+ * busy(live, d, now): what a busy answer tells: the first live holder's label ('' when none) and the
+ *   ms until the key could free by expiry, the soonest of the live holders' expiry and the lock-delay
+ *   end `d`, each no earlier than `d` (a decimal string; '' when neither is known).
+ * inspect_reply(t, d, now, waiters, live, digests): an inspect answer: {t, lock-delay left (ms),
+ *   waiters, then per live holder: [digest of its owner, when `digests`,] mode (e|s, a permit's
+ *   s<limit>), token, expiresIn (ms), label}.
  */
 export const LUA_PRELUDE = `
 local function num(x) return string.format('%.0f', x) end
@@ -55,5 +61,31 @@ end
 local function extend_at(key, at, now)
   local p = redis.call('PTTL', key)
   if p >= 0 and now + p < at then redis.call('PEXPIREAT', key, num(at)) end
+end
+local function busy(live, d, now)
+  local soonest = -1
+  if d > now then soonest = d end
+  for _, h in ipairs(live) do
+    local at = h.exp
+    if d > at then at = d end
+    if soonest < 0 or at < soonest then soonest = at end
+  end
+  local first = live[1]
+  local retry = ''
+  if soonest >= 0 then retry = num(soonest - now) end
+  return first and first.label or '', retry
+end
+local function inspect_reply(t, d, now, waiters, live, digests)
+  local delay = 0
+  if d > now then delay = d - now end
+  local out = { t, num(delay), waiters }
+  for _, h in ipairs(live) do
+    if digests then out[#out + 1] = redis.sha1hex(h.owner) end
+    out[#out + 1] = h.mode .. (h.lim and num(h.lim) or '')
+    out[#out + 1] = h.tok
+    out[#out + 1] = num(h.exp - now)
+    out[#out + 1] = h.label
+  end
+  return out
 end
 `;

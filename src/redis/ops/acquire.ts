@@ -147,17 +147,8 @@ end
 store_state(lk, f, state(live, not queue_empty, d > now))
 gc(lk, qk, wk, live, d, now, retain, queue_empty)
 if purged then notify(lk, f.w, now) end
-local soonest = -1
-if d > now then soonest = d end
-for _, h in ipairs(live) do
-  local at = h.exp
-  if d > at then at = d end
-  if soonest < 0 or at < soonest then soonest = at end
-end
-local first = live[1]
-local retry = ''
-if soonest >= 0 then retry = num(soonest - now) end
-return {'B', first and first.label or '', retry}`,
+local holder_label, retry = busy(live, d, now)
+return {'B', holder_label, retry}`,
 );
 
 /**

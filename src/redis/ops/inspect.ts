@@ -36,16 +36,7 @@ if purged then
   gc(lk, qk, wk, live, d, now, tonumber(ARGV[1]), not queued_hint(f))
   notify(lk, f.w, now)
 end
-local delay = 0
-if d > now then delay = d - now end
-local out = { f.t or '0', num(delay), waiters }
-for _, h in ipairs(live) do
-  out[#out + 1] = h.mode .. (h.lim and num(h.lim) or '')
-  out[#out + 1] = h.tok
-  out[#out + 1] = num(h.exp - now)
-  out[#out + 1] = h.label
-end
-return out`,
+return inspect_reply(f.t or '0', d, now, waiters, live, false)`,
 );
 
 /** Locks looked at per round (their scripts run concurrently, and batched). */

@@ -55,16 +55,7 @@ if compatible(live, mode, lim) and now >= d then
 end
 redis.call('ZADD', ck, num(now + cttl), digest)
 gc(mk, hk, ck, live, d, now, retain)
-local soonest = -1
-if d > now then soonest = d end
-for _, h in ipairs(live) do
-  local at = h.exp
-  if d > at then at = d end
-  if soonest < 0 or at < soonest then soonest = at end
-end
-local first = live[1]
-local retry = ''
-if soonest >= 0 then retry = num(soonest - now) end
-return {'B', first and first.label or '', retry, t}
+local holder_label, retry = busy(live, d, now)
+return {'B', holder_label, retry, t}
 `,
 );

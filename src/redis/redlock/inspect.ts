@@ -20,16 +20,6 @@ local now = clock()
 local meta = redis.call('HMGET', mk, 't', 'd')
 local live, d = purge(mk, hk, now, tonumber(meta[2] or '0'))
 redis.call('ZREMRANGEBYSCORE', ck, '-inf', num(now))
-local delay = 0
-if d > now then delay = d - now end
-local out = { meta[1] or '0', num(delay), redis.call('ZCARD', ck) }
-for _, h in ipairs(live) do
-  out[#out + 1] = redis.sha1hex(h.owner)
-  out[#out + 1] = h.mode .. (h.lim and num(h.lim) or '')
-  out[#out + 1] = h.tok
-  out[#out + 1] = num(h.exp - now)
-  out[#out + 1] = h.label
-end
-return out
+return inspect_reply(meta[1] or '0', d, now, redis.call('ZCARD', ck), live, true)
 `,
 );
