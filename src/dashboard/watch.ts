@@ -58,9 +58,19 @@ export function toView(states: readonly KeyState[]): KeyView[] {
 
 /**
  * The changes from one read to the next, `elapsedMs` apart. A read sees states, not events: two
- * grants and a release between reads show as one grant. Pure, for the tests.
+ * grants and a release between reads show as one grant. A new holder that replaces one that
+ * expired is a take-over — in the same read, or in a later one when the expiry and the grant fell in
+ * two reads (reads are frequent where the backend sends change notifications): `expiredBefore`
+ * carries, per key, the last holder that expired with nothing in between, from one call to the
+ * next (updated here). Pure but for that map, for the tests.
  */
-export function diff(previous: readonly KeyView[], next: readonly KeyView[], elapsedMs: number, at: number): Change[] {
+export function diff(
+  previous: readonly KeyView[],
+  next: readonly KeyView[],
+  elapsedMs: number,
+  at: number,
+  expiredBefore: Map<string, { token: string; holder: string }> = new Map(),
+): Change[] {
   const before = new Map(previous.map((k) => [k.key, k]));
   const after = new Map(next.map((k) => [k.key, k]));
   const changes: Change[] = [];
@@ -69,22 +79,29 @@ export function diff(previous: readonly KeyView[], next: readonly KeyView[], ela
     const is = after.get(key)?.holders ?? [];
     const now = new Set(is.map((h) => h.token));
     const then = new Set(was.map((h) => h.token));
-    const expired: HolderView[] = [];
+    const expired: { token: string; holder: string }[] = [];
+    const earlier = expiredBefore.get(key);
+    if (earlier) expired.push(earlier);
     for (const h of was) {
       if (now.has(h.token)) continue;
       const ranOut = h.expiresInMs <= elapsedMs + EXPIRY_SLACK_MS;
       if (ranOut) expired.push(h);
+      else expired.length = 0; // a release in between: what follows is no take-over
       changes.push({ at, kind: ranOut ? 'expired' : 'released', key, mode: h.mode, token: h.token, holder: h.holder });
     }
     for (const h of is) {
       if (then.has(h.token)) continue;
-      const replaced = expired.shift();
+      const replaced = expired.pop();
+      expired.length = 0;
       changes.push(
         replaced
           ? { at, kind: 'taken-over', key, mode: h.mode, token: h.token, holder: h.holder, previous: { token: replaced.token, holder: replaced.holder } }
           : { at, kind: 'granted', key, mode: h.mode, token: h.token, holder: h.holder },
       );
     }
+    const last = expired.at(-1);
+    if (last) expiredBefore.set(key, { token: last.token, holder: last.holder });
+    else expiredBefore.delete(key);
   }
   return changes;
 }
@@ -117,7 +134,7 @@ export class Watcher {
   readonly #watched = new Map<string, Promise<(() => void) | undefined>>();
   readonly #listeners = new Set<WatchListener>();
   readonly #history: Change[] = [];
-  /** The last holder of a key that expired, until the key's next change (see #takeOvers). */
+  /** The last holder of a key that expired, until the key's next change (see diff). */
   readonly #lastExpired = new Map<string, { token: string; holder: string }>();
   #snapshot: Snapshot;
   #readAt = 0;
@@ -212,31 +229,13 @@ export class Watcher {
     const at = Date.now();
     const keys = toView(states);
     const first = this.#readAt === 0;
-    const changes = first ? [] : this.#takeOvers(diff(this.#snapshot.keys, keys, startedAt - this.#readAt, at));
+    const changes = first ? [] : diff(this.#snapshot.keys, keys, startedAt - this.#readAt, at, this.#lastExpired);
     this.#readAt = startedAt;
     this.#snapshot = { at, prefix: this.#o.prefix, keys };
     this.#follow(keys);
     this.#history.push(...changes);
     if (this.#history.length > this.#o.historySize) this.#history.splice(0, this.#history.length - this.#o.historySize);
     this.#emit({ snapshot: this.#snapshot, changes });
-  }
-
-  /**
-   * An expiry and the grant that follows it can fall in two reads (reads are frequent where the
-   * backend sends change notifications): a grant on a key whose last holder expired, with nothing
-   * in between, is the take-over of that holder.
-   */
-  #takeOvers(changes: Change[]): Change[] {
-    return changes.map((c) => {
-      if (c.kind === 'expired') {
-        this.#lastExpired.set(c.key, { token: c.token, holder: c.holder });
-        return c;
-      }
-      const previous = this.#lastExpired.get(c.key);
-      this.#lastExpired.delete(c.key);
-      if (c.kind === 'granted' && previous) return { ...c, kind: 'taken-over', previous };
-      return c;
-    });
   }
 
   #emit(update: Parameters<WatchListener>[0]): void {
