@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { WatchKey } from '../core/backend.js';
+import { KeyWatchSet, type WatchedKey } from '../core/key-watches.js';
 import type { SchemaNames } from './schema.js';
 
 /** Timings of key watches, each with its reason. */
@@ -41,23 +42,10 @@ export interface KeyWatchesOptions {
   query(what: string, text: string, values: unknown[]): Promise<Record<string, unknown>[]>;
 }
 
-interface Watched {
+/** One watched key of this instance: its mark is the row (key, watcher) of the watched table. */
+interface MarkedKey extends WatchedKey {
   readonly key: string;
-  /** This entry's name in the watched table: the instance's id and a counter, so a mark never outlives its entry's DELETE. */
   readonly watcher: string;
-  readonly listeners: Set<() => void>;
-  /** watch() calls that hold this entry (resolved or still subscribing); the entry ends at 0. */
-  refs: number;
-  /** Resolves once LISTENing and marked. */
-  ready: Promise<void>;
-  /** The last token and live holder count of the last look (`t:n`). */
-  seen: string | undefined;
-  timer: ReturnType<typeof setTimeout> | undefined;
-  looking: boolean;
-  /** A look was asked for while one ran: one more after it, not one per notification. */
-  again: boolean;
-  unlisten: (() => void) | undefined;
-  ended: boolean;
 }
 
 /**
@@ -81,161 +69,47 @@ interface Watched {
 export class KeyWatches {
   readonly #options: KeyWatchesOptions;
   readonly #sql: ReturnType<typeof watchStatements>;
-  readonly #keys = new Map<string, Watched>();
   readonly #instance = randomUUID();
   #next = 0;
-  #closed = false;
+  readonly #set: KeyWatchSet<MarkedKey>;
 
   constructor(options: KeyWatchesOptions) {
     this.#options = options;
     this.#sql = watchStatements(options.names);
+    this.#set = new KeyWatchSet({ open: (key) => this.#open(key), refreshMs: WATCH_DEFAULTS.refreshMs, retryMs: WATCH_DEFAULTS.retryMs });
   }
 
-  readonly watch: WatchKey = async (key, onChange) => {
-    let w = this.#keys.get(key);
-    if (!w) {
-      const entry: Watched = {
-        key,
-        watcher: `${this.#instance}/${this.#next++}`,
-        listeners: new Set(),
-        refs: 0,
-        ready: Promise.resolve(),
-        seen: undefined,
-        timer: undefined,
-        looking: false,
-        again: false,
-        unlisten: undefined,
-        ended: false,
-      };
-      entry.ready = this.#start(entry);
-      this.#keys.set(key, entry);
-      w = entry;
-    }
-    const watched = w;
-    watched.refs++;
-    try {
-      await watched.ready;
-    } catch (error) {
-      this.#release(watched);
-      throw error;
-    }
-    // A distinct function per call: the same callback watched twice is two subscriptions.
-    const listener = (): void => onChange();
-    watched.listeners.add(listener);
-    let done = false;
-    return () => {
-      if (done) return;
-      done = true;
-      watched.listeners.delete(listener);
-      this.#release(watched);
-    };
-  };
+  readonly watch: WatchKey = (key, onChange) => this.#set.watch(key, onChange);
 
   /** Stops every watch and deletes this instance's marks (one statement; the caller bounds how long it waits). */
   async close(): Promise<void> {
-    this.#closed = true;
-    const entries = [...this.#keys.values()];
-    this.#keys.clear();
-    for (const w of entries) this.#end(w);
-    if (entries.length === 0) return;
-    await this.#options.query('unwatch', this.#sql.UNMARK_ALL, [entries.map((w) => w.key), entries.map((w) => w.watcher)]).catch(() => {}); // the marks run out by themselves
+    const keys = this.#set.close();
+    if (keys.length === 0) return;
+    await this.#options.query('unwatch', this.#sql.UNMARK_ALL, [keys.map((k) => k.key), keys.map((k) => k.watcher)]).catch(() => {}); // the marks run out by themselves
   }
 
-  async #start(w: Watched): Promise<void> {
-    try {
-      // LISTENing first, then marked: a grant that sees the mark notifies a connection already listening.
-      w.unlisten = await this.#options.listen(w.key, () => this.#notified(w));
-      if (w.ended) {
-        w.unlisten();
-        return;
-      }
-      await this.#look(w);
-    } catch (error) {
-      this.#end(w);
-      if (this.#keys.get(w.key) === w) this.#keys.delete(w.key);
-      throw error;
-    }
-  }
-
-  /** Renews the mark (when due) and compares the key's state with the last look's; arms the next look. */
-  async #look(w: Watched): Promise<void> {
-    const [r] = await this.#options.query('watch', this.#sql.LOOK, [w.key, w.watcher, WATCH_DEFAULTS.markMs]);
-    if (w.ended) return;
-    const seen = `${r?.last_token}:${r?.holders}`;
-    const changed = w.seen !== undefined && w.seen !== seen;
-    w.seen = seen;
-    const next = typeof r?.next_expiry_ms === 'string' ? Number(r.next_expiry_ms) : undefined;
-    this.#arm(w, next === undefined ? WATCH_DEFAULTS.refreshMs : Math.min(WATCH_DEFAULTS.refreshMs, next + 1));
-    if (changed) this.#fire(w);
-  }
-
-  /** One look at a time per key; a look asked for meanwhile runs once after it. */
-  #lookSoon(w: Watched): void {
-    if (w.ended) return;
-    if (w.looking) {
-      w.again = true;
-      return;
-    }
-    w.looking = true;
-    this.#look(w)
-      .catch(() => {
-        if (!w.ended) this.#arm(w, WATCH_DEFAULTS.retryMs);
-      })
-      .finally(() => {
-        w.looking = false;
-        if (w.again) {
-          w.again = false;
-          this.#lookSoon(w);
-        }
-      });
-  }
-
-  #arm(w: Watched, ms: number): void {
-    clearTimeout(w.timer);
-    w.timer = setTimeout(() => {
-      w.timer = undefined;
-      this.#lookSoon(w);
-    }, ms);
-    w.timer.unref?.();
-  }
-
-  /**
-   * A NOTIFY of the key (or the LISTEN connection came back): tell the watchers, then look again
-   * for the new first expiry. The look that follows takes its state as the new baseline without
-   * telling again: the change it would see is the one just told.
-   */
-  #notified(w: Watched): void {
-    if (w.ended) return;
-    this.#fire(w);
-    w.seen = undefined;
-    this.#lookSoon(w);
-  }
-
-  #fire(w: Watched): void {
-    for (const fn of [...w.listeners]) {
-      try {
-        fn();
-      } catch {
-        // a watcher's callback failing is its own business: the others are still told
-      }
-    }
-  }
-
-  #release(w: Watched): void {
-    if (--w.refs > 0) return;
-    this.#end(w);
-    if (this.#keys.get(w.key) !== w) return;
-    this.#keys.delete(w.key);
-    if (this.#closed) return;
-    // Once it has started: a DELETE that ran before the mark's INSERT would leave the mark behind.
-    void w.ready.then(() => this.#options.query('unwatch', this.#sql.UNMARK, [w.key, w.watcher])).catch(() => {}); // the mark runs out by itself
-  }
-
-  #end(w: Watched): void {
-    w.ended = true;
-    clearTimeout(w.timer);
-    w.timer = undefined;
-    w.unlisten?.();
-    w.unlisten = undefined;
+  #open(key: string): MarkedKey {
+    // This entry's name in the watched table: the instance's id and a counter, so a mark never outlives its entry's DELETE.
+    const watcher = `${this.#instance}/${this.#next++}`;
+    const options = this.#options;
+    const sql = this.#sql;
+    return {
+      key,
+      watcher,
+      // A NOTIFY of the key (or the LISTEN connection came back): tell the watchers, then look again for the new first expiry.
+      listen: (heard) =>
+        options.listen(key, () => {
+          heard.tell();
+          heard.lookAgain();
+        }),
+      look: async () => {
+        const [r] = await options.query('watch', sql.LOOK, [key, watcher, WATCH_DEFAULTS.markMs]);
+        const next = typeof r?.next_expiry_ms === 'string' ? Number(r.next_expiry_ms) : undefined;
+        return { lastToken: String(r?.last_token), holders: Number(r?.holders), soonestExpiryMs: next };
+      },
+      unmark: async () => {
+        await options.query('unwatch', sql.UNMARK, [key, watcher]);
+      },
+    };
   }
 }

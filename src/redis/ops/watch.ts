@@ -1,4 +1,5 @@
 import type { WatchKey } from '../../core/backend.js';
+import { KeyWatchSet, type WatchedKey } from '../../core/key-watches.js';
 import { BackendUnavailableError, LeaseholdError } from '../../core/errors.js';
 import { luaOp } from '../lua/library.js';
 import { int } from '../lua/script.js';
@@ -62,20 +63,6 @@ export const WATCH_DEFAULTS = Object.freeze({
   retryMs: 1_000,
 });
 
-interface Watched {
-  readonly lock: string;
-  readonly listeners: Set<() => void>;
-  /** watch() calls that hold this entry (resolved or still subscribing); the entry ends at 0. */
-  refs: number;
-  /** Resolves once subscribed and marked. */
-  ready: Promise<void>;
-  /** The last token and holder count of the last refresh (`t:n`). */
-  seen: string | undefined;
-  timer: ReturnType<typeof setTimeout> | undefined;
-  unlisten: (() => void) | undefined;
-  ended: boolean;
-}
-
 /**
  * `Backend.watch` on Redis: change notifications of keys, pushed by the operations' scripts.
  *
@@ -94,8 +81,7 @@ interface Watched {
 export class KeyWatches {
   readonly #ctx: OpContext;
   readonly #wakes: WakeHub;
-  readonly #keys = new Map<string, Watched>();
-  #closed = false;
+  readonly #set = new KeyWatchSet({ open: (key) => this.#open(key), refreshMs: WATCH_DEFAULTS.refreshMs, retryMs: WATCH_DEFAULTS.retryMs });
 
   constructor(ctx: OpContext, wakes: WakeHub) {
     this.#ctx = ctx;
@@ -103,112 +89,31 @@ export class KeyWatches {
   }
 
   readonly watch: WatchKey = async (key, onChange) => {
-    if (this.#closed) throw new BackendUnavailableError('redis', 'watch: the backend is closed');
-    const lock = this.#ctx.lockKey(key);
-    let w = this.#keys.get(lock);
-    if (!w) {
-      const entry: Watched = {
-        lock,
-        listeners: new Set(),
-        refs: 0,
-        ready: Promise.resolve(),
-        seen: undefined,
-        timer: undefined,
-        unlisten: undefined,
-        ended: false,
-      };
-      entry.ready = this.#start(entry);
-      this.#keys.set(lock, entry);
-      w = entry;
-    }
-    const watched = w;
-    watched.refs++;
-    try {
-      await watched.ready;
-    } catch (error) {
-      this.#release(watched);
-      throw error;
-    }
-    // A distinct function per call: the same callback watched twice is two subscriptions.
-    const listener = (): void => onChange();
-    watched.listeners.add(listener);
-    let done = false;
-    return () => {
-      if (done) return;
-      done = true;
-      watched.listeners.delete(listener);
-      this.#release(watched);
-    };
+    if (this.#set.closed) throw new BackendUnavailableError('redis', 'watch: the backend is closed');
+    return this.#set.watch(key, onChange);
   };
 
   /** Stops every watch (timers, subscriptions); the subscriber connection itself is the hub's to close. */
   close(): void {
-    this.#closed = true;
-    for (const w of this.#keys.values()) this.#end(w);
-    this.#keys.clear();
+    this.#set.close();
   }
 
-  async #start(w: Watched): Promise<void> {
-    try {
-      // Subscribed first, then marked: a change after the mark is published to a listener already there.
-      w.unlisten = await this.#wakes.listen(`${w.lock}:watch`, () => this.#fire(w));
-      if (w.ended) {
-        w.unlisten();
-        return;
-      }
-      await this.#refresh(w);
-    } catch (error) {
-      this.#end(w);
-      if (this.#keys.get(w.lock) === w) this.#keys.delete(w.lock);
-      if (error instanceof LeaseholdError) throw error;
-      throw new BackendUnavailableError('redis', `watch: ${(error as Error).message}`, { cause: error });
-    }
-  }
-
-  async #refresh(w: Watched): Promise<void> {
+  #open(key: string): WatchedKey {
     const ctx = this.#ctx;
-    const [t, holders, soonest] = await ctx.runner.run(WATCH, { keys: [w.lock], args: [String(WATCH_DEFAULTS.markMs), ctx.retain] });
-    if (w.ended) return;
-    const seen = `${t}:${int(holders)}`;
-    const changed = w.seen !== undefined && w.seen !== seen;
-    w.seen = seen;
-    const next = int(soonest);
-    this.#arm(w, next >= 0 ? Math.min(WATCH_DEFAULTS.refreshMs, next + 1) : WATCH_DEFAULTS.refreshMs);
-    if (changed) this.#fire(w);
+    const lock = ctx.lockKey(key);
+    return {
+      // Subscribed first, then marked: a change after the mark is published to a listener already there.
+      listen: (heard) => this.#wakes.listen(`${lock}:watch`, heard.tell).catch(unavailable),
+      look: async () => {
+        const [t, holders, soonest] = await ctx.runner.run(WATCH, { keys: [lock], args: [String(WATCH_DEFAULTS.markMs), ctx.retain] }).catch(unavailable);
+        const next = int(soonest);
+        return { lastToken: t, holders: int(holders), soonestExpiryMs: next >= 0 ? next : undefined };
+      },
+    };
   }
+}
 
-  #arm(w: Watched, ms: number): void {
-    clearTimeout(w.timer);
-    w.timer = setTimeout(() => {
-      w.timer = undefined;
-      this.#refresh(w).catch(() => {
-        if (!w.ended) this.#arm(w, WATCH_DEFAULTS.retryMs);
-      });
-    }, ms);
-    w.timer.unref?.();
-  }
-
-  #fire(w: Watched): void {
-    for (const fn of [...w.listeners]) {
-      try {
-        fn();
-      } catch {
-        // a watcher's callback failing is its own business: the others are still told
-      }
-    }
-  }
-
-  #release(w: Watched): void {
-    if (--w.refs > 0) return;
-    this.#end(w);
-    if (this.#keys.get(w.lock) === w) this.#keys.delete(w.lock);
-  }
-
-  #end(w: Watched): void {
-    w.ended = true;
-    clearTimeout(w.timer);
-    w.timer = undefined;
-    w.unlisten?.();
-    w.unlisten = undefined;
-  }
+function unavailable(error: unknown): never {
+  if (error instanceof LeaseholdError) throw error;
+  throw new BackendUnavailableError('redis', `watch: ${(error as Error).message}`, { cause: error });
 }
