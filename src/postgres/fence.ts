@@ -1,8 +1,9 @@
 import { InvalidArgumentError, PartialWriteError, StaleTokenError } from '../core/errors.js';
-import { FENCE_GUARD_OPTIONS, fenceTokenCheck, guardHandle, transactionControl, type Fence, type FenceGuardOptions } from '../core/fence.js';
+import { FENCE_GUARD_OPTIONS, fenceTokenCheck, transactionControl, type Fence, type FenceGuardOptions } from '../core/fence.js';
 import type { TokenInput } from '../core/token.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { checkPgIdentifier, checkPool, createOnce, guardClient, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
+import { withGuardedTransaction } from './transaction.js';
+import { checkPgIdentifier, checkPool, createOnce, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
 
 export interface PostgresFenceOptions extends FenceGuardOptions {
   /** Schema of the high-water mark table (created if missing). @default 'public' */
@@ -113,66 +114,32 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
       const t = readToken(resource, token, writeOptions);
       if (typeof mutate !== 'function') throw new InvalidArgumentError('mutate', `expected a function, got ${describe(mutate)}`);
       await ensure();
-      let client: PgClient;
-      try {
-        client = await pool.connect();
-      } catch (error) {
-        throw mapPgError('connect', error);
-      }
-      let broken: Error | undefined;
-      let inTx = false;
-      // a connection that drops between two statements (server restart) must not crash the process
-      const unguard = guardClient(client, (e) => {
-        broken = e;
-      });
-      const guard = guardHandle(client, refusePg, PG_ASYNC);
-      try {
-        let before: bigint | undefined;
-        try {
-          await client.query(BEGIN);
-          inTx = true;
-          const raised = await client.query(RAISE, [resource, t.toString()]);
-          if (raised.rowCount === 0) {
-            const { rows } = await client.query(SELECT, [resource]);
-            throw new StaleTokenError(resource, t, BigInt(rows[0]!.token as string));
+      let before: bigint | undefined;
+      return withGuardedTransaction(
+        pool,
+        {
+          refuse: refusePg,
+          begin: BEGIN,
+          beginWhat: 'fence check',
+          commit: COMMIT,
+          commitFailed: (client, error) => commitFailed(client, resource, t, before, error),
+          aborted: () => new InvalidArgumentError('mutate', 'a statement inside mutate failed and aborted the transaction; nothing was committed'),
+        },
+        async ({ client, user }) => {
+          try {
+            const raised = await client.query(RAISE, [resource, t.toString()]);
+            if (raised.rowCount === 0) {
+              const { rows } = await client.query(SELECT, [resource]);
+              throw new StaleTokenError(resource, t, BigInt(rows[0]!.token as string));
+            }
+            const b = raised.rows[0]!.before;
+            before = b === null || b === undefined ? undefined : BigInt(b as string);
+          } catch (error) {
+            throw error instanceof StaleTokenError ? error : mapPgError('fence check', error);
           }
-          const b = raised.rows[0]!.before;
-          before = b === null || b === undefined ? undefined : BigInt(b as string);
-        } catch (error) {
-          throw error instanceof StaleTokenError ? error : mapPgError('fence check', error);
-        }
-        let result: R;
-        try {
-          result = await mutate(guard.handle); // the user's error reaches the caller unchanged (after ROLLBACK below)
-        } finally {
-          guard.revoke();
-        }
-        if (guard.misuse) throw guard.misuse; // mutate caught the refusal: roll back all the same
-        let committed: unknown;
-        try {
-          committed = await client.query(COMMIT);
-          inTx = false;
-        } catch (error) {
-          throw await commitFailed(client, resource, t, before, error);
-        }
-        // COMMIT of a transaction that an error inside mutate aborted answers ROLLBACK, not an error.
-        const last = (Array.isArray(committed) ? committed[committed.length - 1] : committed) as { command?: string } | undefined;
-        if (last?.command === 'ROLLBACK') {
-          throw new InvalidArgumentError('mutate', 'a statement inside mutate failed and aborted the transaction; nothing was committed');
-        }
-        return result;
-      } catch (error) {
-        if (inTx) {
-          await client.query('ROLLBACK').catch((e: Error) => {
-            broken = e;
-          });
-        }
-        throw guard.misuse ?? error;
-      } finally {
-        guard.revoke();
-        unguard();
-        client.release(broken);
-      }
+          return user(mutate); // the user's error reaches the caller unchanged (after ROLLBACK)
+        },
+      );
     },
 
     async highest(resource: string): Promise<bigint | null> {
@@ -190,9 +157,6 @@ export function postgresFence(pool: PgPool, options?: PostgresFenceOptions): Fen
 
 /** The savepoint `mutate` runs in; the fence releases it just before COMMIT (gone: the transaction is not the fence's any more). */
 const SAVEPOINT = 'leasehold_fence_write';
-
-/** Refused calls whose API is asynchronous: refused with a rejected promise. */
-const PG_ASYNC: ReadonlySet<string> = new Set(['query', 'end', 'connect']);
 
 /** What `mutate` must not do with the pooled client: end or open the transaction, release or close the client. */
 function refusePg(method: string, args: unknown[]): string | undefined {

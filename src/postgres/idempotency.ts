@@ -1,8 +1,9 @@
 import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
-import { guardHandle, transactionControl } from '../core/fence.js';
+import { transactionControl } from '../core/fence.js';
 import type { IdempotencyRecord, TransactionalIdempotencyStore } from '../core/idempotency.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
-import { checkPgIdentifier, checkPool, createOnce, guardClient, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
+import { withGuardedTransaction } from './transaction.js';
+import { checkPgIdentifier, checkPool, createOnce, mapPgError, quotePg, type PgClient, type PgPool } from './util.js';
 
 export interface PostgresIdempotencyStoreOptions {
   /** Schema of the records table (created if missing). @default 'public' */
@@ -164,76 +165,36 @@ export function postgresIdempotencyStore(pool: PgPool, options?: PostgresIdempot
       checkKey(key, 'key');
       if (typeof effect !== 'function') throw new InvalidArgumentError('effect', `expected a function, got ${describe(effect)}`);
       await ensure();
-      let client: PgClient;
-      try {
-        client = await pool.connect();
-      } catch (error) {
-        throw mapPgError('connect', error);
-      }
-      let broken: Error | undefined;
-      let inTx = false;
-      const unguard = guardClient(client, (e) => {
-        broken = e;
-      });
-      const guard = guardHandle(client, refusePg, PG_ASYNC);
-      /** Errors of the store's own statements; effect's and complete's reach the caller unchanged. */
-      const own = async <T>(what: string, op: () => Promise<T>): Promise<T> => {
-        try {
-          return await op();
-        } catch (error) {
-          throw mapPgError(what, error);
-        }
-      };
-      try {
-        await own('begin', () => client.query('BEGIN'));
-        inTx = true;
-        // A first look: an attempt already taken over does not run its effect at all.
-        const { rows } = await own('idempotency read', () => client.query(MARK, [key]));
-        if (rows.length > 0 && BigInt(rows[0]!.token as string) > token)
-          throw new StaleTokenError(`idempotency:${key}`, token, BigInt(rows[0]!.token as string));
-        let result: R;
-        try {
-          result = await effect(guard.handle);
-        } finally {
-          guard.revoke();
-        }
-        if (guard.misuse) throw guard.misuse; // effect caught the refusal: roll back all the same
-        const record = complete(result);
-        // The fence, last: the row is locked from here to COMMIT only.
-        let written: Awaited<ReturnType<PgClient['query']>>;
-        try {
-          written = await client.query(UPSERT, params(key, token, record, keepMs));
-        } catch (error) {
-          if ((error as { code?: unknown } | null)?.code === '25P02')
-            throw new InvalidArgumentError('effect', 'a statement inside fn failed and aborted the transaction; nothing was committed', { cause: error });
-          throw mapPgError('idempotency write', error);
-        }
-        if (written.rowCount === 0) throw await own('idempotency read', () => stale(client, key, token));
-        const committed = await own('commit', () => client.query('COMMIT'));
-        inTx = false;
-        // COMMIT of a transaction that a failed statement of effect aborted answers ROLLBACK, not an error.
-        if (committed.command === 'ROLLBACK') {
-          throw new InvalidArgumentError('effect', 'a statement inside fn failed and aborted the transaction; nothing was committed');
-        }
-        return result;
-      } catch (error) {
-        if (inTx) {
-          await client.query('ROLLBACK').catch((e: Error) => {
-            broken = e;
-          });
-        }
-        throw guard.misuse ?? error;
-      } finally {
-        guard.revoke();
-        unguard();
-        client.release(broken);
-      }
+      return withGuardedTransaction(
+        pool,
+        {
+          refuse: refusePg,
+          beginWhat: 'begin',
+          aborted: () => new InvalidArgumentError('effect', 'a statement inside fn failed and aborted the transaction; nothing was committed'),
+        },
+        async ({ client, user, own }) => {
+          // A first look: an attempt already taken over does not run its effect at all.
+          const { rows } = await own('idempotency read', () => client.query(MARK, [key]));
+          if (rows.length > 0 && BigInt(rows[0]!.token as string) > token)
+            throw new StaleTokenError(`idempotency:${key}`, token, BigInt(rows[0]!.token as string));
+          const result = await user(effect);
+          const record = complete(result);
+          // The fence, last: the row is locked from here to COMMIT only.
+          let written: Awaited<ReturnType<PgClient['query']>>;
+          try {
+            written = await client.query(UPSERT, params(key, token, record, keepMs));
+          } catch (error) {
+            if ((error as { code?: unknown } | null)?.code === '25P02')
+              throw new InvalidArgumentError('effect', 'a statement inside fn failed and aborted the transaction; nothing was committed', { cause: error });
+            throw mapPgError('idempotency write', error);
+          }
+          if (written.rowCount === 0) throw await own('idempotency read', () => stale(client, key, token));
+          return result;
+        },
+      );
     },
   };
 }
-
-/** Refused calls whose API is asynchronous: refused with a rejected promise. */
-const PG_ASYNC: ReadonlySet<string> = new Set(['query', 'end', 'connect']);
 
 /** What the effect must not do with the pooled client: end or open the transaction, release or close the client. */
 function refusePg(method: string, args: unknown[]): string | undefined {
