@@ -378,6 +378,16 @@ export function sharedMemoryBackend(): Backend {
   /** This client's wake-up subscriptions: woken and ended when it closes, as a private backend does. */
   const mine = new Map<() => void, () => void>();
   let closed = false;
+  /** Keeps a subscription of this client's: woken and ended when the client closes. */
+  const own = (off: () => void, onChange: () => void): (() => void) => {
+    const wake = (): void => onChange();
+    const end = (): void => {
+      mine.delete(wake);
+      off();
+    };
+    mine.set(wake, end);
+    return end;
+  };
   return {
     name: core.name,
     capabilities: core.capabilities,
@@ -394,24 +404,10 @@ export function sharedMemoryBackend(): Backend {
       return core.cancelWait?.(req);
     },
     async watch(key, onChange) {
-      const off = await core.watch!(key, onChange);
-      const wake = (): void => onChange();
-      const end = (): void => {
-        mine.delete(wake);
-        off();
-      };
-      mine.set(wake, end);
-      return end;
+      return own(await core.watch!(key, onChange), onChange);
     },
     async subscribe(key, onChange, cursor) {
-      const off = await core.subscribe!(key, onChange, cursor);
-      const wake = (): void => onChange();
-      const end = (): void => {
-        mine.delete(wake);
-        off();
-      };
-      mine.set(wake, end);
-      return end;
+      return own(await core.subscribe!(key, onChange, cursor), () => onChange());
     },
     async inspect(prefix) {
       return core.inspect(prefix);
