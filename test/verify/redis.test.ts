@@ -78,6 +78,32 @@ describe('leasehold verify on Redis', () => {
     expectClean(control, sb);
   }, 180_000);
 
+  it('eight processes share a semaphore of 3 for 20 s on your own Redis: never more than 3 valid permits at once', async () => {
+    const args = [
+      '--url',
+      REDIS_URL,
+      '--limit',
+      '3',
+      '--workers',
+      '8',
+      '--duration',
+      '20s',
+      '--ttl',
+      '400ms',
+      '--seed',
+      '12',
+      '--nemesis',
+      'pause,delay,clock',
+    ];
+    const r = await verify(args, sb);
+    runs.push(r);
+    const context = `stdout:\n${r.stdout}\nstderr:\n${r.stderr}`;
+    expect(r.code, context).toBe(0);
+    expect(r.verdicts, context).toEqual({ grants: 'PASS', permits: 'PASS', fence: 'PASS', 'no lost update': 'PASS', I6: 'PASS' });
+    expect(r.stdout).toMatch(/^ {2}lease {8}permits of a semaphore of 3 \(acquire with limit 3\)$/m);
+    expectClean(r, sb);
+  }, 180_000);
+
   it('the seed of the local:redis run plans a delay and a pause whose effects are forced (see forcedEffects)', () => {
     const faults = planSchedule({ seed: LOCAL_SEED, durationMs: 7_000, ttlMs: 400, workers: 3, nemeses: [...NEMESES] });
     expect(forcedEffects(faults, 400)).toEqual({ delay: true, pause: true });
