@@ -7,6 +7,9 @@ import { randomBytes } from 'node:crypto';
 /** PostgreSQL the tests use (scripts/test-services.mjs finds or starts it and records the URL). */
 export const PG_URL = process.env.LEASEHOLD_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
+/** MariaDB / MySQL the tests use (scripts/test-services.mjs finds or starts it and records the URL). */
+export const MYSQL_URL = process.env.LEASEHOLD_TEST_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test';
+
 /** A name unique to this test run, safe as a SQL identifier or key prefix. */
 export function uniqueName(prefix: string): string {
   return `${prefix}_${process.pid}_${randomBytes(4).toString('hex')}`;
