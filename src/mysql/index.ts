@@ -1,0 +1,3 @@
+export { mysqlBackend, type MysqlBackendOptions } from './backend.js';
+export { mysqlSchemaSql, SCHEMA_VERSION, type MysqlSchemaOptions } from './schema.js';
+export type { MysqlConnection, MysqlPool } from './util.js';
