@@ -5,10 +5,10 @@
  *
  * 1. the tarball holds LICENSE, README.md, CHANGELOG.md and dist/, no src/ or test/, and no source
  *    map whose sources are neither packed nor inlined;
- * 2. `npm i ./leasehold-*.tgz` installs none of the optional peers (pg, ioredis, etcd3 and so no gRPC
- *    or protobufjs; prom-client, @opentelemetry/*, fastify, node-cron);
+ * 2. `npm i ./leasehold-*.tgz` installs none of the optional peers (pg, mysql2, ioredis, etcd3 and so
+ *    no gRPC or protobufjs; prom-client, @opentelemetry/*, fastify, node-cron);
  * 3. the README's SQLite example runs there and prints what it should, and so does `leasehold run`;
- * 4. each entry point whose optional peer is missing (pg, ioredis, etcd3, @opentelemetry/api) says
+ * 4. each entry point whose optional peer is missing (pg, mysql2, ioredis, etcd3, @opentelemetry/api) says
  *    which package to install (InvalidArgumentError, argument `dependency`) when used, and so does
  *    createLocks({ url }) for each backend: never a raw ERR_MODULE_NOT_FOUND; leasehold/node-cron,
  *    which loads nothing of node-cron (its RunCoordinator is an interface), works without it.
@@ -37,12 +37,13 @@ const failures = [];
  */
 const OPTIONAL = [
   { entry: 'leasehold/postgres', pkg: 'pg', use: "m.postgresBackend({ connectionString: 'postgres://127.0.0.1:1/none' })", url: 'postgres://127.0.0.1:1/none' },
+  { entry: 'leasehold/mysql', pkg: 'mysql2', use: "m.mysqlBackend({ uri: 'mysql://127.0.0.1:1/none' })", url: 'mysql://127.0.0.1:1/none' },
   { entry: 'leasehold/redis', pkg: 'ioredis', use: "m.redisBackend({ url: 'redis://127.0.0.1:1' })", url: 'redis://127.0.0.1:1' },
   { entry: 'leasehold/etcd', pkg: 'etcd3', use: "m.etcdBackend({ hosts: ['http://127.0.0.1:1'] })", url: 'etcd://127.0.0.1:1' },
   { entry: 'leasehold/metrics', pkg: '@opentelemetry/api', use: "m.traceLocks(createLocks({ url: 'memory:' }))" },
 ];
 /** Packages that only the optional entry points need: none may be installed by `npm i leasehold`. */
-const FORBIDDEN = ['pg', 'ioredis', 'etcd3', '@grpc', 'protobufjs', 'prom-client', '@opentelemetry', 'fastify', 'node-cron'];
+const FORBIDDEN = ['pg', 'mysql2', 'ioredis', 'etcd3', '@grpc', 'protobufjs', 'prom-client', '@opentelemetry', 'fastify', 'node-cron'];
 
 function step(name) {
   console.log(`check-pack: ${name} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
@@ -184,7 +185,11 @@ try {
       if (d.url !== null) ways.push([`createLocks({ url: '${d.url}' })`, d.viaUrl]);
       for (const [how, e] of ways) {
         const ok =
-          e.name === 'InvalidArgumentError' && e.code === 'INVALID_ARGUMENT' && e.argument === 'dependency' && e.message.includes(`npm install ${d.pkg}`);
+          e.name === 'InvalidArgumentError' &&
+          e.code === 'INVALID_ARGUMENT' &&
+          e.argument === 'dependency' &&
+          // the package's own name, as `npm install` takes it (not a subpath such as mysql2/promise)
+          new RegExp(`npm install ${d.pkg.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}(?![\\w/@-])`).test(e.message);
         check(ok, `${how} without ${d.pkg}: expected InvalidArgumentError naming ${d.pkg}, got ${e.name}: ${e.message}`);
         if (ok) console.log(`check-pack: ${how}: ${e.message}`);
       }

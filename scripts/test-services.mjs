@@ -5,6 +5,7 @@
 // written to .test-env.json, which test/setup.ts reads.
 //
 //   PostgreSQL  LEASEHOLD_TEST_PG_URL     default postgres://postgres@127.0.0.1:5432/test
+//   MariaDB     LEASEHOLD_TEST_MYSQL_URL  default mysql://root@127.0.0.1:3306/test (or MySQL 8 there)
 //   Redis       LEASEHOLD_TEST_REDIS_URL  default redis://127.0.0.1:6379
 //   redis-server binary (tests start their own instances on other ports to kill and restart them)
 //   etcd binary (tests start their own members on their own ports)
@@ -15,6 +16,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 
 const quiet = process.env.LEASEHOLD_TEST_SERVICES_QUIET === '1';
@@ -233,13 +235,94 @@ async function findBinary({ env, command, path, pkg, units = [] }) {
   return bin;
 }
 
+/** Answers a query at `url` (mysql2 speaks to MariaDB and MySQL alike); resolves to the error's code otherwise. */
+async function mysqlProbe(url) {
+  let conn;
+  try {
+    conn = await mysql.createConnection({ uri: url, connectTimeout: 3000 });
+    await conn.query('SELECT 1');
+    return 'ok';
+  } catch (error) {
+    return error?.code ?? String(error);
+  } finally {
+    await conn?.end().catch(() => {});
+  }
+}
+
+/** The server's own binary: MariaDB's mariadbd (Debian's mariadb-server), or mysqld where MySQL is installed. */
+const mysqlServerBinary = () => ['/usr/sbin/mariadbd', '/usr/sbin/mysqld'].find((p) => existsSync(p)) ?? which('mariadbd') ?? which('mysqld');
+
+/**
+ * Starts the installed server as a daemon, the way its init script would but without systemd (a
+ * container has none, and the package's own service is kept from starting when this script installs
+ * it): the runtime directory for its socket and pid file, then start-stop-daemon, which does
+ * nothing when the binary already runs (--oknodo). mariadbd refuses to run as root: --user=mysql.
+ */
+function startMysqlServer(bin) {
+  if (which('start-stop-daemon') && existsSync('/run') && process.getuid?.() === 0) {
+    spawnSync('install', ['-d', '-o', 'mysql', '-g', 'mysql', '-m', '755', '/run/mysqld'], { stdio: 'ignore' });
+    return sh('start-stop-daemon', ['--start', '--oknodo', '--background', '--exec', bin, '--', '--user=mysql']);
+  }
+  // Not root, or no start-stop-daemon: mysqld_safe forks the server itself and restarts it if it dies.
+  return which('mysqld_safe') ? sh('sh', ['-c', 'mysqld_safe >/dev/null 2>&1 &']) : false;
+}
+
+/**
+ * As root over the server's Unix socket (Debian's root@localhost authenticates the OS user root
+ * there), makes what the default test URL needs: the database `test`, and root@127.0.0.1 without
+ * a password (a fresh install allows root only over the socket). Runs only on a server this
+ * script found refusing the default URL.
+ */
+function prepareMysqlServer(what) {
+  const client = which('mariadb') ?? which('mysql');
+  if (!client || process.getuid?.() !== 0) return false;
+  const sql = [
+    'CREATE DATABASE IF NOT EXISTS test',
+    ...(what === 'user' ? ["CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'", "GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION"] : []),
+  ].join('; ');
+  return sh(client, ['-uroot', '-e', sql]);
+}
+
+async function findMysql() {
+  const explicit = process.env.LEASEHOLD_TEST_MYSQL_URL;
+  const url = explicit ?? 'mysql://root@127.0.0.1:3306/test';
+  let answer = await mysqlProbe(url);
+  if (answer === 'ok') return url;
+  if (explicit) fail(`MySQL / MariaDB at LEASEHOLD_TEST_MYSQL_URL (${explicit}) is not reachable (${answer})`);
+  let bin = mysqlServerBinary();
+  if (!bin) {
+    // The package's postinst makes the data directory; its service is kept from starting (this script starts the server below).
+    if (!(await aptInstall(['mariadb-server'], { noServices: true, units: ['mariadb.service'] }))) {
+      fail('MariaDB (or MySQL) is needed: install it (apt-get install mariadb-server) or set LEASEHOLD_TEST_MYSQL_URL');
+    }
+    bin = mysqlServerBinary();
+    if (!bin) fail('mariadbd is still missing after apt-get install mariadb-server');
+  }
+  if (answer === 'ECONNREFUSED' || answer === 'ETIMEDOUT') startMysqlServer(bin);
+  for (let i = 0; i < 60; i++) {
+    answer = await mysqlProbe(url);
+    if (answer === 'ok') return url;
+    // Up, but without the database `test` (ER_BAD_DB_ERROR) or refusing root over TCP (ER_ACCESS_DENIED_ERROR,
+    // ER_ACCESS_DENIED_NO_PASSWORD_ERROR): make what is missing once, then ask again.
+    const missing = answer === 'ER_BAD_DB_ERROR' ? 'database' : answer.startsWith('ER_ACCESS_DENIED') ? 'user' : undefined;
+    if (missing !== undefined) {
+      if (prepareMysqlServer(missing)) answer = await mysqlProbe(url);
+      if (answer === 'ok') return url;
+      break;
+    }
+    await sleep(500);
+  }
+  fail(`MariaDB is installed but ${url} does not answer (${answer}); start it, or set LEASEHOLD_TEST_MYSQL_URL`);
+}
+
 const needs = new Set(
-  (process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,redis,etcd,pgbouncer,prometheus,chromium')
+  (process.env.LEASEHOLD_TEST_SERVICES ?? 'postgres,mysql,redis,etcd,pgbouncer,prometheus,chromium')
     .split(',')
     .map((s) => s.trim())
     .filter(Boolean),
 );
 if (needs.has('postgres')) found.LEASEHOLD_TEST_PG_URL = await findPostgres();
+if (needs.has('mysql')) found.LEASEHOLD_TEST_MYSQL_URL = await findMysql();
 if (needs.has('redis')) found.LEASEHOLD_TEST_REDIS_URL = await findRedis();
 if (needs.has('etcd')) found.LEASEHOLD_TEST_ETCD = await findEtcd();
 if (needs.has('pgbouncer')) found.LEASEHOLD_TEST_PGBOUNCER = await findPgbouncer();

@@ -16,12 +16,16 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  * - `sqlite:PATH` — one machine, many processes (`sqlite:./leasehold.db`, `sqlite:/var/lib/app/locks.db`)
  * - `postgres://…` / `postgresql://…` — PostgreSQL (pg's connection string; `?schema=…&table=…` choose
  *   where the lease tables live, default `public.leasehold_locks`)
+ * - `mysql://…` / `mariadb://…` — MySQL or MariaDB (mysql2's URL: `mysql://user:pass@host:3306/db`,
+ *   its own options as query parameters); `?table=…` chooses the lease tables' name, default
+ *   `leasehold_locks` in the URL's database. `mariadb://` is the same URL under the name MariaDB users
+ *   write: both go to mysql2, which speaks to either server
  * - `redis://…` / `rediss://…` — one Redis (the URL is ioredis's); a path `/N` (or `?db=N`) selects
  *   database N, and a database the server does not have is an InvalidArgumentError on first use
- *
- * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
  * - `etcd://h1:p1,h2:p2` — an etcd cluster (its members' client ports, over http)
+ *
+ * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  */
 export function backendLoader(url: unknown): () => Promise<Backend> {
   if (typeof url !== 'string' || url.length === 0) throw new InvalidArgumentError('url', `expected a URL string, got ${describe(url)}`);
@@ -41,6 +45,11 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       const { connectionString, schema, table } = postgresUrl(url);
       return async () => (await import('./postgres/index.js')).postgresBackend({ connectionString, schema, table });
     }
+    case 'mysql':
+    case 'mariadb': {
+      const { uri, table } = mysqlUrl(url);
+      return async () => (await import('./mysql/index.js')).mysqlBackend({ uri, table });
+    }
     case 'redis':
     case 'rediss': {
       // The database in the URL must be a number (checked now); the backend checks on first use that the server has it.
@@ -59,7 +68,7 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
     default:
       throw new InvalidArgumentError(
         'url',
-        `unsupported scheme in ${JSON.stringify(redact(url))}; expected memory:, sqlite:PATH, postgres://, redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
+        `unsupported scheme in ${JSON.stringify(redact(url))}; expected memory:, sqlite:PATH, postgres://, mysql:// (or mariadb://), redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
       );
   }
 }
@@ -102,4 +111,34 @@ function postgresUrl(url: string): { connectionString: string; schema?: string; 
   params.delete('table');
   const rest = params.toString();
   return { connectionString: url.slice(0, q) + (rest ? `?${rest}` : ''), schema, table };
+}
+
+/**
+ * Takes leasehold's own `table` parameter out of a MySQL / MariaDB URL; the rest goes to mysql2 as
+ * the pool's `uri` (mysql2 reads every other query parameter as one of its connection options, and
+ * warns about any it does not know, `table` included). The URL is parsed now, so a malformed one is
+ * an InvalidArgumentError before anything connects; mysql2 ignores the scheme, so `mariadb://` is
+ * handed over as written.
+ */
+export function mysqlUrl(url: string): { uri: string; table?: string } {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} is not a valid mysql:// URL, e.g. mysql://user:password@127.0.0.1:3306/app`);
+  }
+  if (!url.slice(parsed.protocol.length).startsWith('//')) {
+    throw new InvalidArgumentError('url', `${parsed.protocol} URLs name a server, e.g. mysql://user:password@127.0.0.1:3306/app`);
+  }
+  // The lease tables live in a database: without one every statement would fail with "no database selected".
+  if (parsed.pathname.replace(/^\//, '') === '' && !parsed.searchParams.has('database')) {
+    throw new InvalidArgumentError('url', `${JSON.stringify(redact(url))} names no database: give it as the path, e.g. mysql://user@127.0.0.1:3306/app`);
+  }
+  const q = url.indexOf('?');
+  if (q < 0) return { uri: url };
+  const params = new URLSearchParams(url.slice(q + 1));
+  const table = params.get('table') ?? undefined;
+  params.delete('table');
+  const rest = params.toString();
+  return { uri: url.slice(0, q) + (rest ? `?${rest}` : ''), table };
 }

@@ -7,7 +7,7 @@ import { InvalidArgumentError } from './core/errors.js';
 export interface CreateLocksOptions extends Omit<LocksOptions, 'backend'> {
   /** The coordinator. @default the backend named by `url`, else LEASEHOLD_URL (when set and not empty), else SQLite at ./leasehold.db */
   backend?: Backend;
-  /** A coordinator URL (`sqlite:PATH`, `memory:`, `postgres://…`, `redis://…`, `etcd://h1:p,h2:p`), used when `backend` is not given. */
+  /** A coordinator URL (`sqlite:PATH`, `memory:`, `postgres://…`, `mysql://…`, `redis://…`, `redlock://h1:p,h2:p,h3:p`, `etcd://h1:p,h2:p`), used when `backend` is not given. */
   url?: string;
 }
 

@@ -103,7 +103,7 @@ export async function runDemo(o: DemoOptions, out: Writable, usage: string): Pro
   }
   if (o.url !== undefined && /^memory:/i.test(o.url)) {
     throw usageError(
-      "--url memory: lives in one process; the demo's workers are separate processes (use sqlite:PATH, redis://, postgres:// or etcd://)",
+      "--url memory: lives in one process; the demo's workers are separate processes (use sqlite:PATH, redis://, postgres://, mysql:// or etcd://)",
       usage,
     );
   }

@@ -35,7 +35,7 @@ const USAGE = Object.freeze({
   demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--host 127.0.0.1] [--port 7071]',
   dashboard: 'leasehold dashboard [--url URL] [--prefix P] [--host 127.0.0.1] [--port 7071]',
   verify:
-    'leasehold verify --url URL [--fence sqlite|postgres|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--limit N [--count-then-acquire]] [--report DIR]',
+    'leasehold verify --url URL [--fence sqlite|postgres|mysql|redis] [--fence-url URL] [--workers 3] [--duration 30s] [--ttl 1s] [--work DURATION] [--seed S] [--nemesis pause,delay,crash,clock] [--no-fence] [--limit N [--count-then-acquire]] [--report DIR]',
 });
 
 /** Thrown by commander's exit hook instead of exiting: what it would have exited with, and for which command. */
@@ -201,7 +201,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(
       new Option(
         '--url <url>',
-        'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)',
+        'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)',
       ),
     )
     .option(
@@ -273,7 +273,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(
       new Option(
         '--url <url>',
-        'the coordinator: sqlite:PATH, redis://…, postgres://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)',
+        'the coordinator: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)',
       ),
     )
     .addOption(
@@ -283,7 +283,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     )
     .addOption(new Option('--no-fence', 'the control run: write without a token check (must fail)'))
     .addOption(
-      new Option('--fence-url <url>', "the server of the resource for --fence postgres|redis (default: the coordinator's URL when it is of that kind)"),
+      new Option('--fence-url <url>', "the server of the resource for --fence postgres|mysql|redis (default: the coordinator's URL when it is of that kind)"),
     )
     .addOption(
       new Option('--workers <n>', 'worker processes (with --limit N: 2N + 2, at most 64)').default(3).argParser(integerOption(1, VERIFY_LIMITS.maxWorkers)),

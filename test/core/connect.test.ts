@@ -1,10 +1,12 @@
 /**
  * createLocks({ url | backend }): what each URL means, against the real servers where it matters —
- * the Redis database in the URL, `backend: null`, scheme case, and the one in-process coordinator
- * that `memory:` URLs share (while `memoryBackend()` stays private).
+ * the Redis database in the URL, the MySQL URL's `?table=` and `mariadb://`, `backend: null`, scheme
+ * case, and the one in-process coordinator that `memory:` URLs share (while `memoryBackend()` stays
+ * private).
  */
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
+import { mysqlUrl } from '../../src/connect.js';
 import { createLocks, InvalidArgumentError, Locks, memoryBackend } from '../../src/index.js';
 import { REDIS_URL } from '../redis/servers.js';
 import { uniqueName } from '../helpers/env.js';
@@ -144,5 +146,44 @@ describe('redis:// URLs select the database in the URL', () => {
       expect(error).toMatchObject({ argument: 'url' });
       expect((error as Error).message).toMatch(/database number/);
     }
+  });
+});
+
+describe('mysql:// and mariadb:// URLs', () => {
+  it('leasehold takes its own ?table= out; every other parameter goes to mysql2 as written', () => {
+    expect(mysqlUrl('mysql://app:secret@db.internal:3306/app?table=jobs_locks&charset=utf8mb4')).toEqual({
+      uri: 'mysql://app:secret@db.internal:3306/app?charset=utf8mb4',
+      table: 'jobs_locks',
+    });
+    expect(mysqlUrl('mysql://app@db.internal/app?table=t')).toEqual({ uri: 'mysql://app@db.internal/app', table: 't' });
+    expect(mysqlUrl('mysql://app@db.internal/app')).toEqual({ uri: 'mysql://app@db.internal/app' });
+    // mariadb:// is the same URL under MariaDB's name: mysql2 ignores the scheme, so it is handed over as written.
+    expect(mysqlUrl('mariadb://app@db.internal/app?table=t&ssl=%7B%7D')).toEqual({ uri: 'mariadb://app@db.internal/app?ssl=%7B%7D', table: 't' });
+  });
+
+  it('a URL without a database, without a server, or that does not parse is refused at once (argument url)', () => {
+    const cases: [url: string, message: RegExp][] = [
+      ['mysql://root@127.0.0.1:3306', /names no database/],
+      ['mysql://root@127.0.0.1:3306/', /names no database/],
+      ['MARIADB://root@127.0.0.1/?table=t', /names no database/],
+      ['mysql:test', /mysql: URLs name a server/],
+      ['mysql://root@[::1/test', /is not a valid mysql:\/\/ URL/],
+    ];
+    for (const [url, message] of cases) {
+      const error = thrown(() => createLocks({ url }));
+      expect(error, url).toBeInstanceOf(InvalidArgumentError);
+      expect(error, url).toMatchObject({ argument: 'url', message: expect.stringMatching(message) });
+    }
+    // A database given as mysql2's own parameter is one too.
+    expect(createLocks({ url: 'mysql://root@127.0.0.1:3306/?database=test' })).toBeInstanceOf(Locks);
+  });
+
+  it('an unknown scheme names mysql:// among the ones taken, and the password is masked', () => {
+    const error = thrown(() => createLocks({ url: 'mongodb://app:secret@db/app' }));
+    expect(error).toMatchObject({
+      argument: 'url',
+      message: expect.stringMatching(/expected memory:, sqlite:PATH, postgres:\/\/, mysql:\/\/ \(or mariadb:\/\/\)/),
+    });
+    expect((error as Error).message).not.toContain('secret');
   });
 });
