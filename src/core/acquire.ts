@@ -71,6 +71,10 @@ export class Acquisition {
   readonly #owner = newOwnerId();
   /** The requests ask for a place in the queue (fair backend, a call that waits). */
   readonly #queue: boolean;
+  /** The longest the coordinator may wait for the key per ask (a long-poll backend, a call that waits); 0: it answers at once. */
+  readonly #longPollMs: number;
+  /** The last ask was a long poll that the coordinator held until (about) its end: ask again at once, no pause. */
+  #polled = false;
   readonly #useSession: boolean;
 
   #attempt = 0;
@@ -110,6 +114,7 @@ export class Acquisition {
     this.#waitMs = wait ? options.waitMs : 0;
     this.#deadline = this.#start + this.#waitMs;
     this.#queue = wait && this.#waitMs > 0 && options.fair && backend.capabilities.fair;
+    this.#longPollMs = wait && this.#waitMs > 0 ? (backend.capabilities.maxWaitMs ?? 0) : 0;
     // A lease with a minimum hold outlives its release on its own expiry: it cannot share a session.
     this.#useSession = options.autoRenew && options.minHoldMs === 0 && ctx.sessions !== undefined;
   }
@@ -138,6 +143,8 @@ export class Acquisition {
               : new AcquireTimeoutError(this.#key, this.#ctx.clock.now() - this.#start, this.#lastBusy?.holder, lastError ? { cause: lastError } : undefined),
           );
         }
+        // A long poll is the wait: the coordinator held the request and will hold the next one.
+        if (this.#polled) continue;
         if (await this.#subscribe(remaining)) continue;
         await this.#pause(remaining);
       }
@@ -180,7 +187,9 @@ export class Acquisition {
         if (session) this.#ctx.sessions!.hold(session);
         this.#held = session;
       }
-      limit = this.#callLimit();
+      const serverWaitMs = this.#serverWait();
+      limit = this.#callLimit(serverWaitMs);
+      this.#polled = false;
       const call = backend.acquire({
         key: this.#key,
         owner: this.#owner,
@@ -192,6 +201,7 @@ export class Acquisition {
         queueTtlMs: WAITING.queueTtlMs,
         session: session?.id,
         ...(o.limit !== undefined && { limit: o.limit }),
+        ...(serverWaitMs > 0 && { waitMs: serverWaitMs, signal: this.#signal }),
       });
       if (this.#queue) this.#queueSent = true;
       result = await withTimeout(call, {
@@ -209,6 +219,8 @@ export class Acquisition {
       });
       if (this.#queue) this.#queued = true;
       this.#lastError = undefined;
+      // Held about as long as asked (not answered early by a coordinator that waits less): the wait goes on at the coordinator.
+      this.#polled = serverWaitMs > 0 && clock.now() - sentAt >= serverWaitMs / 2;
     } catch (error) {
       const err = toLeaseholdError(error, backend.name);
       if (!err.retryable) this.#giveUp(err);
@@ -249,11 +261,23 @@ export class Acquisition {
    * `waitMs`. A call cut short by the wait ends it as a timeout (the caller's time ran out), not as
    * an unavailable coordinator.
    */
-  #callLimit(): { ms: number; byWait: boolean } {
+  #callLimit(serverWaitMs = 0): { ms: number; byWait: boolean } {
     const opMs = this.#ctx.operationTimeoutMs;
+    // A long poll may take its whole wait and then answer: the call gets that long plus the usual bound.
+    if (serverWaitMs > 0) return { ms: serverWaitMs + opMs, byWait: false };
     if (!this.#wait || this.#waitMs <= 0) return { ms: opMs, byWait: false };
     const left = Math.max(1, this.#deadline - this.#ctx.clock.now());
     return left < opMs ? { ms: left, byWait: true } : { ms: opMs, byWait: false };
+  }
+
+  /**
+   * How long the next ask may wait at the coordinator (see `BackendCapabilities.maxWaitMs`): what
+   * is left of the wait, at most the backend's limit, in whole ms; 0 when it must answer at once.
+   */
+  #serverWait(): number {
+    if (this.#longPollMs <= 0) return 0;
+    const left = Math.floor(Math.min(this.#longPollMs, this.#deadline - this.#ctx.clock.now()));
+    return left > 0 ? left : 0;
   }
 
   /** Subscribes to wake-ups once; true when the key must be checked again at once. */

@@ -75,6 +75,14 @@ export interface BackendCapabilities {
   readonly fair: boolean;
   /** Smallest ttl the server supports; shorter requests are rounded up and reported in the grant. */
   readonly minTtlMs: number;
+  /**
+   * The coordinator waits for a busy key itself, up to this long per acquire call (a long poll:
+   * the HTTP lock service, woken by its own backend's notifications). Core then puts what is left
+   * of the caller's wait (at most this) in each waiting request's `waitMs`, gives the call that much
+   * longer before it counts as unavailable, and asks again as soon as a busy answer comes, with no
+   * pause or polling of its own between asks. Undefined: every acquire answers at once.
+   */
+  readonly maxWaitMs?: number;
 }
 
 export interface AcquireRequest {
@@ -95,6 +103,18 @@ export interface AcquireRequest {
   readonly queueTtlMs: number;
   /** Session id from `sessions.open`, for leases kept alive by the session rather than on their own. */
   readonly session?: string;
+  /**
+   * How long the coordinator may keep this request waiting for a busy key before it answers busy
+   * (only for backends declaring `capabilities.maxWaitMs`, and at most that; an integer). Absent:
+   * answer at once.
+   */
+  readonly waitMs?: number;
+  /**
+   * Sent with `waitMs`: aborted when the caller stops waiting (its signal, `Locks.close()`), so a
+   * long poll ends at once (and leaves the queue) instead of holding on until `waitMs`. The backend
+   * then rejects; core gives up with the signal's reason and calls `cancelWait`.
+   */
+  readonly signal?: AbortSignal;
   /**
    * A semaphore permit (mode is then 'shared'): the key admits at most `limit` holders at once,
    * each with its own token, granted in the same atomic step as today's grants (FIFO where the
