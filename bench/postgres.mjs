@@ -1,41 +1,64 @@
 #!/usr/bin/env node
-// The PostgreSQL backend against a plain advisory-lock baseline (pg_try_advisory_lock /
-// pg_advisory_lock + pg_advisory_unlock on a dedicated connection per client).
+// The PostgreSQL backend side by side with ShedLock's own statements (the JDBC provider's
+// INSERT … ON CONFLICT (name) DO UPDATE … WHERE lock_until <= now and its UPDATEs, bench/lib/shedlock.mjs)
+// polling at Spring's usual 100 ms and at a tight 10 ms, and a plain advisory lock
+// (pg_advisory_lock + pg_advisory_unlock on one connection per client: no ttl, no token, gone with its
+// connection; it waits inside the server).
 //
-//   npm run bench -- postgres [--url postgres://…] [--iterations 2000] [--seconds 10] [--workers 8]
-//                             [--rounds 3] [--synchronous-commit off]
+//   npm run bench -- postgres [--url postgres://…] [--rounds 3] [--pair-seconds 2] [--seconds 5] [--workers 8]
+//                             [--hold-ms 1] [--poll-ms 100] [--fast-poll-ms 10] [--synchronous-commit off]
+//                             [--only uncontended,contended] [--sides leasehold,advisory-lock,shedlock-100ms,…]
 //
-// Measures: uncontended acquire+release per second (one client, one key, sequential); contended
-// hand-off latency (WORKERS clients in this process loop acquire → release on one key; hand-off =
-// from the holder's release call to the next holder's grant); statements (= round trips) per
-// acquire, the LISTEN connection's included. Prints figures; never fails on them. The URL defaults to LEASEHOLD_TEST_PG_URL, then
-// .test-env.json, then postgres://postgres@127.0.0.1:5432/test. Works in its own schema, dropped at the end.
+// - uncontended: one client, one key, acquire + release in sequence for --pair-seconds (the ShedLock
+//   peer once: uncontended it never polls).
+// - contended: --workers clients in this process (each its own pool; leasehold's its own LISTEN
+//   connection too, as separate processes would have) loop acquire → hold ~--hold-ms → release on one
+//   key for --seconds (bench/lib/contention.mjs: hand-off, waits, barging, overlaps, Jain's index).
+// - rounds: each round runs every side once per scenario, in turn (the order reversed every other
+//   round); the table shows medians of the rounds.
+// - statements: counted by the client (each query is one round trip; those on leasehold's LISTEN
+//   connection also apart) and by the server: xact_commit + xact_rollback of pg_stat_database for the
+//   bench's own database (pg_stat_statements is not loaded here), from before a run's first connection
+//   to after its last has gone (a backend flushes its counts when it exits), minus the same run with
+//   no timed part (connections, warm-up, close). In autocommit every statement is one transaction.
+// - `--synchronous-commit off` runs leasehold without the commit flush: a diagnostic, not a setting.
+//
+// Prints figures; never fails on them. The URL defaults to LEASEHOLD_TEST_PG_URL, then .test-env.json,
+// then postgres://postgres@127.0.0.1:5432/test. Works in a database of its own, dropped at the end.
 import { existsSync, readFileSync } from 'node:fs';
-import os from 'node:os';
+import { hostname } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { Locks } from '../dist/index.js';
 import { postgresBackend } from '../dist/postgres/index.js';
+import { Figures, fmt, machine, options, pairs, sections, summarize } from './lib/contention.mjs';
+import { SHEDLOCK_POSTGRES, shedlockClient } from './lib/shedlock.mjs';
 
-const args = process.argv.slice(2);
-const opt = (name, fallback) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : fallback;
-};
+const opt = options();
 const envFile = new URL('../.test-env.json', import.meta.url);
 const fileUrl = existsSync(envFile) ? JSON.parse(readFileSync(envFile, 'utf8')).LEASEHOLD_TEST_PG_URL : undefined;
-const URL_ = opt('url', process.env.LEASEHOLD_TEST_PG_URL ?? fileUrl ?? 'postgres://postgres@127.0.0.1:5432/test');
-const ITERATIONS = Number(opt('iterations', 2000));
-const SECONDS = Number(opt('seconds', 10));
-const WORKERS = Number(opt('workers', 8));
-/** Uncontended runs alternate leasehold and baseline this many times; the median is reported (a shared machine is noisy). */
+const ADMIN_URL = opt('url', process.env.LEASEHOLD_TEST_PG_URL ?? fileUrl ?? 'postgres://postgres@127.0.0.1:5432/test');
 const ROUNDS = Number(opt('rounds', 3));
-const SCHEMA = `lh_bench_${process.pid}`;
-/** `off` runs leasehold's connections with synchronous_commit=off, to show what the commit flush costs (not a recommended setting: a crash may then lose the last grants, and tokens could repeat). */
+const PAIR_SECONDS = Number(opt('pair-seconds', 2));
+const SECONDS = Number(opt('seconds', 5));
+const WORKERS = Number(opt('workers', 8));
+const HOLD_MS = Number(opt('hold-ms', 1));
+const POLL_MS = Number(opt('poll-ms', 100));
+const FAST_POLL_MS = Number(opt('fast-poll-ms', 10));
 const SYNC = opt('synchronous-commit', 'on');
 if (SYNC !== 'on' && SYNC !== 'off') {
   console.error('--synchronous-commit takes on or off');
   process.exit(64);
 }
+const DATABASE = `lh_bench_${process.pid}`;
+const SCHEMA = 'lh_bench';
+const SHEDLOCK_TABLE = 'shedlock';
+const TTL_MS = 30_000;
+const URL_ = (() => {
+  const u = new URL(ADMIN_URL);
+  u.pathname = `/${DATABASE}`;
+  return u.toString();
+})();
 const withSync = (url) => {
   if (SYNC === 'on') return url;
   const u = new URL(url);
@@ -44,213 +67,228 @@ const withSync = (url) => {
 };
 
 /**
- * A pg Pool whose statements are counted (each query is one round trip): those through
- * pool.query, and those on clients checked out of it — the backend's LISTEN connection is one
- * (LISTEN when it opens, and any check it makes on it) — also counted apart in `listen` (which
- * includes the one-off schema set-up, before the measured part).
+ * A pg Pool whose statements are counted (each query is one round trip): those through pool.query,
+ * and those on clients checked out of it — leasehold's LISTEN connection is one — also counted apart
+ * in `listen`.
  */
-function countingPool(max) {
-  const inner = new pg.Pool({ connectionString: withSync(URL_), max });
+function countingPool(max, connectionString = URL_) {
+  const inner = new pg.Pool({ connectionString, max });
   inner.on('error', () => {});
+  const counter = { statements: 0, listen: 0 };
+  const pool = {
+    connect: async () => {
+      const client = await inner.connect();
+      const { query, release } = client;
+      client.query = (...a) => {
+        counter.statements++;
+        counter.listen++;
+        return query.apply(client, a);
+      };
+      client.release = (...a) => {
+        client.query = query;
+        client.release = release;
+        return release.apply(client, a);
+      };
+      return client;
+    },
+    query: (text, values) => {
+      counter.statements++;
+      return inner.query(text, values);
+    },
+  };
+  return { pool, counter, inner };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sides: open(w) → { lock(key) → release(), close(), counter }
+// ---------------------------------------------------------------------------------------------
+const leasehold = async () => {
+  const { pool, counter, inner } = countingPool(3, withSync(URL_));
+  const locks = new Locks({ backend: postgresBackend({ pool, schema: SCHEMA }) });
+  return {
+    counter,
+    lock: async (key) => {
+      const lease = await locks.acquire(key, { ttlMs: TTL_MS, waitMs: Number.POSITIVE_INFINITY });
+      return () => lease.release();
+    },
+    close: async () => {
+      await locks.close();
+      await inner.end();
+    },
+  };
+};
+
+const advisoryLock = async () => {
+  const client = new pg.Client({ connectionString: URL_ });
+  await client.connect();
+  const counter = { statements: 0, listen: 0 };
+  const q = (sql, values) => (counter.statements++, client.query(sql, values));
+  return {
+    counter,
+    lock: async (key) => {
+      await q('SELECT pg_advisory_lock(hashtext($1))', [key]);
+      return async () => {
+        await q('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+      };
+    },
+    close: () => client.end(),
+  };
+};
+
+const shedlock = (pollMs) => async (w) => {
+  const pool = new pg.Pool({ connectionString: URL_, max: 2 });
+  pool.on('error', () => {});
   const counter = { statements: 0, listen: 0 };
   return {
     counter,
-    inner,
-    pool: {
-      // counted while checked out; release puts the client back as it was (the pool's own
-      // queries on it are counted by pool.query above)
-      connect: async () => {
-        const client = await inner.connect();
-        const { query, release } = client;
-        client.query = (...a) => {
-          counter.statements++;
-          counter.listen++;
-          return query.apply(client, a);
-        };
-        client.release = (...a) => {
-          client.query = query;
-          client.release = release;
-          return release.apply(client, a);
-        };
-        return client;
-      },
-      query: (text, values) => {
-        counter.statements++;
-        return inner.query(text, values);
-      },
-    },
-  };
-}
-
-const percentile = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(p * (sorted.length - 1)))];
-const ms = (x) => x.toFixed(2);
-
-// ---------- uncontended ----------
-
-async function uncontendedLeasehold() {
-  const { pool, counter, inner } = countingPool(2);
-  // the LISTEN connection is a client of this pool, so its statements are counted too
-  const backend = postgresBackend({ pool, schema: SCHEMA });
-  const locks = new Locks({ backend });
-  const key = 'bench:uncontended';
-  for (let i = 0; i < 200; i++) await (await locks.acquire(key, { ttlMs: 30_000 })).release();
-  const before = counter.statements;
-  const start = performance.now();
-  for (let i = 0; i < ITERATIONS; i++) {
-    const lease = await locks.acquire(key, { ttlMs: 30_000 });
-    await lease.release();
-  }
-  const elapsed = performance.now() - start;
-  const statements = counter.statements - before;
-  await locks.close();
-  await inner.end();
-  return { perSecond: (ITERATIONS * 1000) / elapsed, statementsPerCycle: statements / ITERATIONS };
-}
-
-async function uncontendedAdvisory() {
-  const client = new pg.Client({ connectionString: URL_ });
-  await client.connect();
-  const key = 'bench:uncontended';
-  for (let i = 0; i < 200; i++) {
-    await client.query('SELECT pg_try_advisory_lock(hashtext($1))', [key]);
-    await client.query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
-  }
-  const start = performance.now();
-  for (let i = 0; i < ITERATIONS; i++) {
-    const { rows } = await client.query('SELECT pg_try_advisory_lock(hashtext($1)) AS ok', [key]);
-    if (!rows[0].ok) throw new Error('baseline: uncontended advisory lock was busy');
-    await client.query('SELECT pg_advisory_unlock(hashtext($1))', [key]);
-  }
-  const elapsed = performance.now() - start;
-  await client.end();
-  return { perSecond: (ITERATIONS * 1000) / elapsed, statementsPerCycle: 2 };
-}
-
-// ---------- contended hand-off ----------
-
-/**
- * Runs `workers` loops of acquire → (record) → release on one key for SECONDS. Returns hand-off
- * latencies: the time from a holder's release call to the next grant (in this process, one clock).
- */
-async function handOff(workers, acquire, release) {
-  const latencies = [];
-  let lastReleaseAt;
-  let holders = 0;
-  let overlaps = 0;
-  let grants = 0;
-  const deadline = performance.now() + SECONDS * 1000;
-  await Promise.all(
-    Array.from({ length: workers }, async (_, w) => {
-      while (performance.now() < deadline) {
-        const handle = await acquire(w);
-        const grantedAt = performance.now();
-        if (++holders > 1) overlaps++;
-        grants++;
-        if (lastReleaseAt !== undefined) latencies.push(grantedAt - lastReleaseAt);
-        holders--;
-        lastReleaseAt = performance.now();
-        await release(w, handle);
-      }
+    ...shedlockClient({
+      dialect: SHEDLOCK_POSTGRES,
+      table: SHEDLOCK_TABLE,
+      run: async (sql, values) => (counter.statements++, (await pool.query(sql, values)).rowCount),
+      lockedBy: `${hostname()}-${process.pid}-${w}`,
+      pollMs,
+      lockAtMostForMs: TTL_MS,
+      close: () => pool.end(),
     }),
-  );
-  latencies.sort((a, b) => a - b);
-  return { grants, perSecond: grants / SECONDS, p50: percentile(latencies, 0.5), p99: percentile(latencies, 0.99), overlaps };
+  };
+};
+
+const SHEDLOCK = `shedlock-${POLL_MS}ms`;
+const SHEDLOCK_FAST = `shedlock-${FAST_POLL_MS}ms`;
+const sides = { leasehold, 'advisory-lock': advisoryLock, [SHEDLOCK]: shedlock(POLL_MS), [SHEDLOCK_FAST]: shedlock(FAST_POLL_MS) };
+const names = opt('sides', Object.keys(sides).join(',')).split(',');
+for (const n of names) if (!sides[n]) throw new Error(`--sides: no side named ${n} (${Object.keys(sides).join(', ')})`);
+const only = new Set(opt('only', 'uncontended,contended').split(','));
+const peers = names.filter((n) => n !== 'leasehold');
+/** The fast poller's uncontended run would repeat the usual one's statements: it never polls there. */
+const uncontendedNames = names.filter((n) => n !== SHEDLOCK_FAST || !names.includes(SHEDLOCK));
+
+// ---------------------------------------------------------------------------------------------
+// Server-side count: transactions of the bench's database, read once no connection to it is left
+// ---------------------------------------------------------------------------------------------
+const admin = new pg.Client({ connectionString: ADMIN_URL });
+
+async function serverTransactions() {
+  for (let i = 0; i < 250; i++) {
+    const { rows } = await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1', [DATABASE]);
+    if (rows[0].n === 0) break;
+    await sleep(20);
+  }
+  const { rows } = await admin.query('SELECT (xact_commit + xact_rollback)::bigint AS x FROM pg_stat_database WHERE datname = $1', [DATABASE]);
+  return Number(rows[0].x);
 }
 
-async function contendedLeasehold() {
-  const key = 'bench:contended';
-  const clients = Array.from({ length: WORKERS }, () => {
-    const { pool, counter, inner } = countingPool(3);
-    // each worker is its own client: its own pool and its own LISTEN connection (one client of that
-    // pool, held while it waits, its statements counted), as separate processes would be
-    const locks = new Locks({ backend: postgresBackend({ pool, schema: SCHEMA }) });
-    return { locks, counter, inner };
-  });
-  const result = await handOff(
-    WORKERS,
-    (w) => clients[w].locks.acquire(key, { ttlMs: 30_000, waitMs: Infinity }),
-    (_w, lease) => lease.release(),
-  );
-  const statements = clients.reduce((n, c) => n + c.counter.statements, 0);
-  const listenStatements = clients.reduce((n, c) => n + c.counter.listen, 0);
-  for (const c of clients) {
-    await c.locks.close();
-    await c.inner.end();
-  }
-  // each grant is followed by one release statement; the rest are acquire attempts, subscription checks and queue exits
+/** One run of a side: clients opened, warmed up, timed (for `seconds`; 0 = calibration), closed; its counts. */
+async function run(name, scenario, seconds) {
+  const before = await serverTransactions();
+  const n = scenario === 'uncontended' ? 1 : WORKERS;
+  const clients = await Promise.all(Array.from({ length: n }, (_, w) => sides[name](w)));
+  const count = () =>
+    clients.reduce((a, c) => ({ statements: a.statements + c.counter.statements, listen: a.listen + c.counter.listen }), { statements: 0, listen: 0 });
+  let marked;
+  const mark = async () => {
+    marked = count();
+  };
+  const key = `bench:${scenario}:${name}`;
+  const result =
+    scenario === 'uncontended' ? await pairs(clients[0], key, seconds, mark) : summarize(await sections(clients, key, seconds, HOLD_MS, mark), n, seconds);
+  const end = count();
+  await Promise.all(clients.map((c) => c.close()));
   return {
-    ...result,
-    statementsPerGrant: statements / result.grants,
-    acquireStatementsPerGrant: (statements - result.grants) / result.grants,
-    listenStatementsPerGrant: listenStatements / result.grants,
+    result,
+    units: scenario === 'uncontended' ? result.pairs : result.sections,
+    client: end.statements - marked.statements,
+    listen: end.listen - marked.listen,
+    server: (await serverTransactions()) - before,
   };
 }
 
-async function contendedAdvisory() {
-  const key = 'bench:contended';
-  const clients = await Promise.all(
-    Array.from({ length: WORKERS }, async () => {
-      const c = new pg.Client({ connectionString: URL_ });
-      await c.connect();
-      return c;
-    }),
-  );
-  const result = await handOff(
-    WORKERS,
-    (w) => clients[w].query('SELECT pg_advisory_lock(hashtext($1))', [key]),
-    (w) => clients[w].query('SELECT pg_advisory_unlock(hashtext($1))', [key]),
-  );
-  for (const c of clients) await c.end();
-  return { ...result, statementsPerGrant: 2, acquireStatementsPerGrant: 1, listenStatementsPerGrant: 0 };
-}
-
-// ---------- main ----------
-
-const admin = new pg.Client({ connectionString: URL_ });
+// ---------------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------------
 await admin.connect();
-const { rows: version } = await admin.query('SHOW server_version');
-try {
-  console.log(`leasehold PostgreSQL benchmark — ${new Date().toISOString()}`);
-  console.log(
-    `machine: ${os.cpus()[0]?.model ?? 'unknown cpu'}, ${os.cpus().length} cores, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}; PostgreSQL ${version[0].server_version} at ${new URL(URL_).host}`,
-  );
-  console.log(
-    `${ROUNDS} × ${ITERATIONS} iterations (uncontended), ${SECONDS}s with ${WORKERS} workers (contended); leasehold with synchronous_commit=${SYNC}\n`,
-  );
-
-  const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-  const lRounds = [];
-  const aRounds = [];
-  for (let r = 0; r < ROUNDS; r++) {
-    lRounds.push(await uncontendedLeasehold());
-    aRounds.push(await uncontendedAdvisory());
+for (let attempt = 0; ; attempt++) {
+  try {
+    await admin.query(`CREATE DATABASE ${DATABASE}`);
+    break;
+  } catch (error) {
+    // 55006: template1 is in use by another session for a moment (other suites create databases too)
+    if (error?.code !== '55006' || attempt >= 20) throw error;
+    await sleep(250);
   }
-  const uL = { perSecond: median(lRounds.map((x) => x.perSecond)), statementsPerCycle: lRounds[0].statementsPerCycle };
-  const uA = { perSecond: median(aRounds.map((x) => x.perSecond)), statementsPerCycle: 2 };
+}
+const figures = new Figures();
+const overlaps = Object.fromEntries(names.map((n) => [n, 0]));
+try {
+  const { rows: version } = await admin.query('SHOW server_version');
+  console.log(`leasehold PostgreSQL benchmark — ${new Date().toISOString()}`);
+  console.log(`machine: ${machine()}; PostgreSQL ${version[0].server_version} at ${new URL(ADMIN_URL).host}`);
   console.log(
-    `uncontended rounds (acquire+release /s): leasehold ${lRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}; baseline ${aRounds.map((x) => x.perSecond.toFixed(0)).join(', ')}`,
+    `${ROUNDS} rounds; uncontended ${PAIR_SECONDS} s per side, contended ${SECONDS} s per side with ${WORKERS} workers holding ~${HOLD_MS} ms; ` +
+      `leasehold with synchronous_commit=${SYNC}; ShedLock polling every ${POLL_MS} / ${FAST_POLL_MS} ms\n`,
   );
-  const cL = await contendedLeasehold();
-  const cA = await contendedAdvisory();
 
-  const rows = [
-    ['uncontended acquire+release /s (median)', uL.perSecond.toFixed(0), uA.perSecond.toFixed(0)],
-    ['statements (round trips) per uncontended acquire+release', uL.statementsPerCycle.toFixed(2), uA.statementsPerCycle.toFixed(2)],
-    [`contended hand-off p50 ms (${WORKERS} workers)`, ms(cL.p50), ms(cA.p50)],
-    [`contended hand-off p99 ms (${WORKERS} workers)`, ms(cL.p99), ms(cA.p99)],
-    ['contended grants /s', cL.perSecond.toFixed(0), cA.perSecond.toFixed(0)],
-    ['statements per contended acquire (excl. release)', cL.acquireStatementsPerGrant.toFixed(2), cA.acquireStatementsPerGrant.toFixed(2)],
-    ['… of which on the LISTEN connection', cL.listenStatementsPerGrant.toFixed(2), cA.listenStatementsPerGrant.toFixed(2)],
-    ['overlapping holders seen', String(cL.overlaps), String(cA.overlaps)],
-  ];
-  const width = Math.max(...rows.map((r) => r[0].length));
-  console.log(`| ${'measure'.padEnd(width)} | leasehold postgres | advisory-lock baseline |`);
-  console.log(`| ${'-'.repeat(width)} | -----------------: | ---------------------: |`);
-  for (const [name, a, b] of rows) console.log(`| ${name.padEnd(width)} | ${a.padStart(18)} | ${b.padStart(22)} |`);
+  // set-up: ShedLock's table (as its README creates it), leasehold's schema (made on first use)
+  const setup = new pg.Client({ connectionString: URL_ });
+  await setup.connect();
+  await setup.query(SHEDLOCK_POSTGRES.createTable(SHEDLOCK_TABLE));
+  await setup.end();
+  if (names.includes('leasehold')) {
+    const c = await leasehold();
+    await (await c.lock('bench:setup'))();
+    await c.close();
+  }
+  // calibration: each side's runs with no timed part (connections, warm-up, close), taken off the server's count
+  const calibration = {};
+  for (const name of names) {
+    for (const scenario of ['uncontended', 'contended']) calibration[`${scenario}:${name}`] = (await run(name, scenario, 0)).server;
+  }
+
+  for (let r = 0; r < ROUNDS; r++) {
+    const order = (list) => (r % 2 === 0 ? list : [...list].reverse());
+    for (const name of only.has('uncontended') ? order(uncontendedNames) : []) {
+      const x = await run(name, 'uncontended', PAIR_SECONDS);
+      const column = name === SHEDLOCK_FAST ? SHEDLOCK : name;
+      figures.add('uncontended, 1 client in sequence (pairs/s)', column, x.result.perSecond);
+      figures.add('uncontended: statements per pair (client)', column, x.client / x.units);
+      figures.add('uncontended: transactions per pair (server)', column, (x.server - calibration[`uncontended:${name}`]) / x.units);
+    }
+    for (const name of only.has('contended') ? order(names) : []) {
+      const x = await run(name, 'contended', SECONDS);
+      const c = x.result;
+      const f = (figure, v) => figures.add(`contended, ${WORKERS} workers: ${figure}`, name, v);
+      f('sections/s', c.perSecond);
+      f('hand-off p50 (ms)', c.handoffP50);
+      f('hand-off p99 (ms)', c.handoffP99);
+      f('wait p50 (ms)', c.waitP50);
+      f('longest wait (ms)', c.longestWait);
+      f("Jain's index", c.jain);
+      f('releaser barges back (share)', c.barge);
+      f('statements per section (client)', x.client / x.units);
+      f('… of which on the LISTEN connection', x.listen / x.units);
+      f('transactions per section (server)', (x.server - calibration[`contended:${name}`]) / x.units);
+      overlaps[name] += c.overlaps;
+    }
+  }
+
+  console.log(figures.table(names, 'leasehold', peers));
+  const rounds = (figure, list) =>
+    list
+      .filter((n) => figures.rounds(figure, n).length)
+      .map((n) => `${n} ${figures.rounds(figure, n).map(fmt).join(', ')}`)
+      .join('; ');
+  if (only.has('uncontended')) console.log(`\nuncontended rounds (pairs/s): ${rounds('uncontended, 1 client in sequence (pairs/s)', names)}`);
+  if (only.has('contended')) {
+    console.log(`contended rounds (sections/s): ${rounds(`contended, ${WORKERS} workers: sections/s`, names)}`);
+    console.log(`contended rounds (hand-off p50 ms): ${rounds(`contended, ${WORKERS} workers: hand-off p50 (ms)`, names)}`);
+    console.log(`overlapping holders seen, all rounds (must be 0): ${names.map((n) => `${n} ${overlaps[n]}`).join('; ')}`);
+  }
   console.log(
-    `\nratio uncontended (leasehold / baseline): ${(uL.perSecond / uA.perSecond).toFixed(2)}×; hand-off p50: ${(cL.p50 / cA.p50).toFixed(1)}× the baseline's`,
+    `${SHEDLOCK} / ${SHEDLOCK_FAST} = ShedLock's usingDbTime() statements (INSERT … ON CONFLICT DO UPDATE … WHERE lock_until <= now once, then UPDATE … WHERE ` +
+      `lock_until <= now; unlock UPDATE), autocommit, lockAtMostFor ${TTL_MS / 1000} s, tried again every ${POLL_MS} / ${FAST_POLL_MS} ms; ` +
+      'its uncontended figures are one run (it never polls there). advisory-lock = pg_advisory_lock / pg_advisory_unlock on one connection per client.',
   );
 } finally {
-  await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`).catch(() => {});
+  await admin.query(`DROP DATABASE IF EXISTS ${DATABASE} WITH (FORCE)`).catch((error) => console.error(`could not drop ${DATABASE}: ${error.message}`));
   await admin.end();
 }
