@@ -11,7 +11,9 @@
  * 4. each entry point whose optional peer is missing (pg, mysql2, ioredis, etcd3, @opentelemetry/api) says
  *    which package to install (InvalidArgumentError, argument `dependency`) when used, and so does
  *    createLocks({ url }) for each backend: never a raw ERR_MODULE_NOT_FOUND; leasehold/node-cron,
- *    which loads nothing of node-cron (its RunCoordinator is an interface), works without it.
+ *    which loads nothing of node-cron (its RunCoordinator is an interface), works without it;
+ *    leasehold/http, which needs no package (Node's http), loads, and an unreachable service is a
+ *    BackendUnavailableError naming `http`, through httpBackend and through createLocks({ url }).
  *
  * The package is built in a copy of the sources (never in ./dist, which tests may be reading). The
  * project installs from npm's cache where it can; better-sqlite3 is installed without its install
@@ -211,6 +213,25 @@ try {
   const cronOk = cron.status === 0 && cron.stdout === 'true 1n\n';
   check(cronOk, `leasehold/node-cron without node-cron printed ${JSON.stringify(cron.stdout)} (exit ${cron.status}): ${cron.stderr}`);
   if (cronOk) console.log('check-pack: leasehold/node-cron without node-cron: a coordinator took a slot (token 1)');
+  // leasehold/http needs no package at all: it loads, and a service that does not answer is BackendUnavailableError('http').
+  const httpProbe = `
+    import { createLocks } from 'leasehold';
+    import { httpBackend } from 'leasehold/http';
+    const out = [];
+    for (const locks of [createLocks({ backend: httpBackend({ url: 'http://127.0.0.1:1' }) }), createLocks({ url: 'http://127.0.0.1:1' })]) {
+      try {
+        await locks.tryAcquire('pack-check', { ttlMs: 5_000 });
+        out.push('no error');
+      } catch (error) { out.push(\`\${error?.code} \${error?.backend}\`); }
+      await locks.close().catch(() => {});
+    }
+    console.log(out.join(','));
+  `;
+  writeFileSync(join(app, 'http-probe.mjs'), httpProbe);
+  const http = run(process.execPath, ['http-probe.mjs'], app);
+  const httpOk = http.status === 0 && http.stdout === 'BACKEND_UNAVAILABLE http,BACKEND_UNAVAILABLE http\n';
+  check(httpOk, `leasehold/http against a closed port printed ${JSON.stringify(http.stdout)} (exit ${http.status}): ${http.stderr}`);
+  if (httpOk) console.log('check-pack: leasehold/http (no package needed): an unreachable service is BackendUnavailableError(http)');
 } catch (error) {
   failures.push(error instanceof Error ? error.message : String(error));
   console.error(`check-pack: FAIL ${error instanceof Error ? error.stack : error}`);

@@ -1,6 +1,7 @@
 import type { Backend } from './core/backend.js';
 import { InvalidArgumentError } from './core/errors.js';
 import { describe } from './core/validate.js';
+import { resolveHttpOptions as resolveHttpUrl } from './http/options.js';
 import { redisUrlDatabase } from './redis/url.js';
 
 /** Where `createLocks()` keeps its leases when given neither a backend nor LEASEHOLD_URL. */
@@ -24,6 +25,8 @@ export const DEFAULT_URL = 'sqlite:./leasehold.db';
  *   database N, and a database the server does not have is an InvalidArgumentError on first use
  * - `redlock://h1:p1,h2:p2,h3:p3` — Redlock over independent Redis servers
  * - `etcd://h1:p1,h2:p2` — an etcd cluster (its members' client ports, over http)
+ * - `http://…` / `https://…` — the lock service (`leasehold serve`) at that address, through
+ *   `httpBackend`; a bearer token goes in the user-info (`https://TOKEN@host:7070`)
  *
  * Schemes are case-insensitive (RFC 3986): `MEMORY:` is `memory:`.
  */
@@ -65,10 +68,17 @@ export function backendLoader(url: unknown): () => Promise<Backend> {
       const hosts = hostList(url, 'etcd');
       return async () => (await import('./etcd/index.js')).etcdBackend({ hosts });
     }
+    case 'http':
+    case 'https': {
+      // Checked now (a malformed URL or token fails here, not on first use); the message never shows the token.
+      const options = { url };
+      resolveHttpUrl(options);
+      return async () => (await import('./http/index.js')).httpBackend(options);
+    }
     default:
       throw new InvalidArgumentError(
         'url',
-        `unsupported scheme in ${JSON.stringify(redact(url))}; expected memory:, sqlite:PATH, postgres://, mysql:// (or mariadb://), redis://, redlock://h1:p,h2:p,h3:p or etcd://h1:p,h2:p`,
+        `unsupported scheme in ${JSON.stringify(redact(url))}; expected memory:, sqlite:PATH, postgres://, mysql:// (or mariadb://), redis://, redlock://h1:p,h2:p,h3:p, etcd://h1:p,h2:p or http(s)://host:port`,
       );
   }
 }

@@ -1,0 +1,2 @@
+export { httpBackend } from './backend.js';
+export { HTTP_DEFAULTS, type HttpBackendOptions } from './options.js';
