@@ -101,6 +101,24 @@ module.exports = {
       to: { pathNot: ['^src/core/', '^src/fastify/', 'node_modules/fastify/'], dependencyTypesNot: ['core'] },
     },
     {
+      name: 'serve-imports-core-connect-and-fastify',
+      severity: 'error',
+      comment:
+        "src/serve (the lock service) imports core, src/connect.ts (coordinator URLs), src/dashboard, src/metrics, src/util, itself, fastify and @fastify/* (optional peers, loaded through requirePeer) and Node's built-ins.",
+      from: { path: '^src/serve/' },
+      to: {
+        pathNot: ['^src/(core|dashboard|metrics|util|serve)/', '^src/connect\\.ts$', 'node_modules/(fastify|@fastify/[^/]+)/'],
+        dependencyTypesNot: ['core'],
+      },
+    },
+    {
+      name: 'only-cli-imports-serve',
+      severity: 'error',
+      comment: 'The lock service is a command (leasehold serve): only src/cli reaches it, and the library never loads fastify through it.',
+      from: { path: '^src/', pathNot: ['^src/serve/', '^src/cli/'] },
+      to: { path: '^src/serve/' },
+    },
+    {
       name: 'verify-imports-no-cli',
       severity: 'error',
       comment: "verify returns results; mapping them to exit codes and output is the command line's job (shared helpers live in src/util).",

@@ -26,6 +26,7 @@ import { runDemo } from './demo.js';
 import { CliExit, EXIT, oneLine, toCliExit, usageError } from './exit.js';
 import { listLeases } from './ls.js';
 import { runCommand } from './run.js';
+import { addServeCommand } from './serve.js';
 import { verifyCommand } from './verify.js';
 
 const USAGE = Object.freeze({
@@ -347,6 +348,8 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
         },
       ),
     );
+
+  addServeCommand(program, guard, action);
 
   return program;
 }

@@ -1,0 +1,185 @@
+/**
+ * `POST /v1/locks/{key}/acquire` (a long poll over core's waiting loop), `GET /v1/locks` (inspect,
+ * filtered to the caller's prefixes) and `POST /v1/sequencers/check` (Chubby's CheckSequencer).
+ */
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { acquireAs } from '../../core/acquire-as.js';
+import type { KeyState } from '../../core/backend.js';
+import { ClosedError, InvalidArgumentError } from '../../core/errors.js';
+import { checkLabel, DEFAULTS, resolveAcquireOptions } from '../../core/options.js';
+import { formatSequencer, parseSequencer } from '../../core/token.js';
+import { checkKey, checkPrefix, type LockMode } from '../../core/validate.js';
+import { listingPrefixes, mayUse } from '../auth.js';
+import { callerOf, type RouteModule, type ServeContext } from '../context.js';
+import { forbidden, notFound } from '../errors.js';
+import { decodeSessionHandle, deriveOwner, encodeLeaseHandle, ownerSeed } from '../handles.js';
+import * as s from '../schemas.js';
+
+interface AcquireBody {
+  session?: string;
+  ttlMs?: number;
+  waitMs?: number;
+  mode?: LockMode;
+  limit?: number;
+  lockDelayMs?: number;
+  minHoldMs?: number;
+  label?: string;
+}
+
+/** An Idempotency-Key: 1–255 visible ASCII characters (docs/http-api.md). */
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+const acquireSchema = {
+  params: s.pathParam('key'),
+  body: s.strictBody({
+    session: { type: 'string', minLength: 1 },
+    ttlMs: s.ttlMs,
+    waitMs: s.waitMs,
+    mode: s.mode,
+    limit: s.limit,
+    lockDelayMs: s.durationMs,
+    minHoldMs: s.durationMs,
+    label: { type: 'string' },
+  }),
+  response: {
+    200: {
+      type: 'object',
+      required: ['lease', 'key', 'token', 'sequencer', 'ttlMs', 'mode'],
+      properties: {
+        lease: { type: 'string' },
+        key: { type: 'string' },
+        token: { type: 'string' },
+        sequencer: { type: 'string' },
+        ttlMs: { type: 'integer' },
+        mode: s.mode,
+      },
+    },
+  },
+};
+
+const listSchema = {
+  querystring: { type: 'object', additionalProperties: false, properties: { prefix: { type: 'string' } } },
+};
+
+const checkSchema = {
+  body: s.strictBody({ sequencer: { type: 'string' } }, ['sequencer']),
+  response: {
+    200: {
+      type: 'object',
+      required: ['valid', 'key', 'mode', 'token', 'lastToken'],
+      properties: { valid: { type: 'boolean' }, key: { type: 'string' }, mode: s.mode, token: { type: 'string' }, lastToken: { type: ['string', 'null'] } },
+    },
+  },
+};
+
+export const lockRoutes: RouteModule = (app, ctx) => {
+  app.post('/v1/locks/:key/acquire', { schema: acquireSchema }, async (request, reply) =>
+    acquire(ctx, request as FastifyRequest<{ Params: { key: string }; Body: AcquireBody }>, reply),
+  );
+
+  app.get('/v1/locks', { schema: listSchema }, async (request) => {
+    const caller = callerOf(request);
+    const prefix = checkPrefix((request.query as { prefix?: string }).prefix);
+    const prefixes = listingPrefixes(caller, prefix);
+    if (prefixes.length === 0) throw forbidden(`prefix ${JSON.stringify(prefix)}`);
+    const states = await inspectUnder(ctx, prefixes);
+    return { locks: states.map(lockJson) };
+  });
+
+  app.post('/v1/sequencers/check', { schema: checkSchema }, async (request) => {
+    const caller = callerOf(request);
+    const seq = parseSequencer((request.body as { sequencer: string }).sequencer, 'sequencer');
+    if (!mayUse(caller, seq.key)) throw forbidden(`key ${JSON.stringify(seq.key)}`);
+    const state = (await ctx.locks.inspect(seq.key)).find((k) => k.key === seq.key);
+    const valid = state?.holders.some((h) => h.token === seq.token && h.mode === seq.mode) ?? false;
+    return { valid, key: seq.key, mode: seq.mode, token: String(seq.token), lastToken: state ? String(state.lastToken) : null };
+  });
+};
+
+async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { key: string }; Body: AcquireBody }>, reply: FastifyReply) {
+  const caller = callerOf(request);
+  const key = checkKey(request.params.key, 'key');
+  if (!mayUse(caller, key)) throw forbidden(`key ${JSON.stringify(key)}`);
+  const body = request.body;
+  const label = body.label === undefined ? caller.name : checkLabel(body.label, 'label');
+  const idempotencyKey = request.headers['idempotency-key'];
+  if (idempotencyKey !== undefined && (typeof idempotencyKey !== 'string' || !IDEMPOTENCY_KEY.test(idempotencyKey)))
+    throw new InvalidArgumentError('Idempotency-Key', 'expected 1–255 visible ASCII characters');
+  const minHoldMs = body.minHoldMs ?? 0;
+  // The library's reading of mode and limit (a limit alone asks for a permit: shared), and its refusals.
+  const { mode, limit } = resolveAcquireOptions({ mode: body.mode, limit: body.limit }, DEFAULTS, 'options');
+  let session: { id: string; ttlMs: number } | undefined;
+  if (body.session !== undefined) {
+    // A min-hold lease outlives its release on its own expiry: it cannot live by a session (as in the library).
+    if (minHoldMs > 0) throw new InvalidArgumentError('minHoldMs', 'a lease with a minimum hold cannot live by a session (leave session or minHoldMs out)');
+    session = decodeSessionHandle(body.session, caller);
+    if (!session || !ctx.backend.sessions) throw notFound('unknown session (expired, closed, or never opened)');
+  }
+
+  const seed = ownerSeed(typeof idempotencyKey === 'string' ? idempotencyKey : undefined);
+  // The client going away ends its wait, and its place in the queue with it.
+  const gone = new AbortController();
+  const onClose = (): void => {
+    if (!reply.raw.writableEnded) gone.abort(new ClosedError('HTTP request'));
+  };
+  reply.raw.on('close', onClose);
+  const grantedAt = ctx.wallNow();
+  try {
+    const result = await acquireAs({
+      backend: ctx.backend,
+      key,
+      owner: deriveOwner(caller.name, seed),
+      holder: label,
+      options: {
+        // A session lease lives by the session: its ttl is the session's.
+        ttlMs: session ? session.ttlMs : (body.ttlMs ?? DEFAULTS.ttlMs),
+        waitMs: body.waitMs ?? 0,
+        mode,
+        ...(limit !== undefined && { limit }),
+        ...(body.lockDelayMs !== undefined && { lockDelayMs: body.lockDelayMs }),
+        signal: gone.signal,
+      },
+      ...(session && { session: session.id }),
+      operationTimeoutMs: ctx.operationTimeoutMs,
+      closing: ctx.closing,
+      events: ctx.events,
+      clock: ctx.clock,
+    });
+    if (!result.granted) throw notFound('unknown session (expired, closed, or never opened)');
+    const lease = encodeLeaseHandle({
+      key,
+      token: result.token,
+      mode,
+      limit,
+      lockDelayMs: body.lockDelayMs ?? 0,
+      ttlMs: result.ttlMs,
+      label,
+      session: session?.id,
+      minHold: minHoldMs > 0 ? { grantedAt, minHoldMs } : undefined,
+      seed,
+    });
+    return { lease, key, token: String(result.token), sequencer: formatSequencer(key, mode, result.token), ttlMs: result.ttlMs, mode };
+  } finally {
+    reply.raw.off('close', onClose);
+  }
+}
+
+/** Inspect under each prefix, merged by key (prefixes may overlap), in key order. */
+async function inspectUnder(ctx: ServeContext, prefixes: readonly string[]): Promise<KeyState[]> {
+  if (prefixes.length === 1) return ctx.locks.inspect(prefixes[0]);
+  const byKey = new Map<string, KeyState>();
+  for (const states of await Promise.all(prefixes.map((p) => ctx.locks.inspect(p)))) for (const st of states) byKey.set(st.key, st);
+  return [...byKey.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+}
+
+/** A key's state as JSON: tokens as decimal strings. */
+function lockJson(st: KeyState) {
+  return {
+    key: st.key,
+    lastToken: String(st.lastToken),
+    holders: st.holders.map((h) => ({ mode: h.mode, token: String(h.token), holder: h.holder, expiresInMs: Math.max(0, Math.round(h.expiresInMs)) })),
+    waiters: st.waiters,
+    lockDelayRemainingMs: Math.max(0, Math.round(st.lockDelayRemainingMs)),
+    ...(st.limit !== undefined && { limit: st.limit }),
+  };
+}
