@@ -42,7 +42,7 @@ export const HTTP_DEFAULTS = Object.freeze({
 
 /** The options, checked, with the URL split into where requests go and the token. */
 export interface ResolvedHttpOptions {
-  /** Origin and base path, without a trailing slash and without credentials. */
+  /** Origin and base path, without credentials. */
   readonly base: URL;
   readonly secure: boolean;
   readonly token: string | undefined;
@@ -70,7 +70,6 @@ export function resolveHttpOptions(options: unknown): ResolvedHttpOptions {
   const fromUrl = url.password !== '' ? decodeUserInfo(url.password) : url.username !== '' ? decodeUserInfo(url.username) : undefined;
   url.username = '';
   url.password = '';
-  url.pathname = url.pathname.replace(/\/+$/, '');
   if (o.token !== undefined && fromUrl !== undefined) throw new InvalidArgumentError('options.token', 'given both as an option and in the URL: give it once');
   const token = o.token === undefined ? fromUrl : o.token;
   if (token !== undefined && (typeof token !== 'string' || !/^[\x21-\x7e]{1,4096}$/.test(token))) {

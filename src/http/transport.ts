@@ -39,6 +39,8 @@ export class Transport {
   readonly #request: (url: URL, options: RequestOptions) => ClientRequest;
   readonly #closing = new AbortController();
   readonly #auth: Record<string, string>;
+  /** The URL's path without its trailing slash: `` or `/locks`. */
+  readonly #basePath: string;
 
   constructor(options: ResolvedHttpOptions) {
     this.#o = options;
@@ -47,6 +49,7 @@ export class Transport {
       ? new HttpsAgent({ keepAlive: true, ...(options.ca !== undefined && { ca: options.ca }) })
       : new HttpAgent({ keepAlive: true });
     this.#request = options.secure ? httpsRequest : httpRequest;
+    this.#basePath = options.base.pathname.replace(/\/+$/, '');
     this.#auth = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` };
   }
 
@@ -89,7 +92,7 @@ export class Transport {
       ...call.headers,
       ...(payload && { 'content-type': 'application/json', 'content-length': String(payload.length) }),
     };
-    const url = new URL(this.#o.base.origin + this.#o.base.pathname + call.path);
+    const url = new URL(this.#o.base.origin + this.#basePath + call.path);
     const ms = this.#o.timeoutMs + (call.holdMs ?? 0);
     return new Promise((resolve, reject) => {
       let settled = false;
