@@ -1,10 +1,12 @@
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { memoryFence } from '../../src/memory/index.js';
+import { mysqlFence, type MysqlConnection } from '../../src/mysql/index.js';
 import { postgresFence, type PgClient } from '../../src/postgres/index.js';
 import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
-import { PG_URL, tempDir, uniqueName } from '../helpers/env.js';
+import { MYSQL_URL, PG_URL, tempDir, uniqueName } from '../helpers/env.js';
 import { fenceConformance } from '../../src/testing/index.js';
 
 fenceConformance<void>('memory', async () => {
@@ -81,6 +83,34 @@ fenceConformance<PgClient>('postgres', async () => {
     synchronous: false,
     cleanup: async () => {
       await pool.query(`DROP SCHEMA ${schema} CASCADE`);
+      await pool.end();
+    },
+  };
+});
+
+fenceConformance<MysqlConnection>('mysql', async () => {
+  const pool = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 8 });
+  const [marks, counters, items] = ['lh_fence_marks', 'lh_fence_counters', 'lh_fence_items'].map((p) => uniqueName(p));
+  await pool.query(`CREATE TABLE ${counters} (resource VARCHAR(255) PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB`);
+  await pool.query(`CREATE TABLE ${items} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, resource VARCHAR(255) NOT NULL, value VARCHAR(255) NOT NULL) ENGINE=InnoDB`);
+  const rows = async <T>(answer: Promise<[unknown, unknown]>): Promise<T[]> => (await answer)[0] as T[];
+  return {
+    fence: mysqlFence(pool, { table: marks }),
+    fenceWith: (options) => mysqlFence(pool, { table: marks, ...options }),
+    async increment(tx, r) {
+      // read, then write: without the fence's row lock two writers would both read n and lose an update
+      const [row] = await rows<{ n: number }>(tx.query(`SELECT n FROM ${counters} WHERE resource = ?`, [r]));
+      await tx.query(`INSERT INTO ${counters} (resource, n) VALUES (?, ?) ON DUPLICATE KEY UPDATE n = ?`, [r, (row?.n ?? 0) + 1, (row?.n ?? 0) + 1]);
+    },
+    async append(tx, r, v) {
+      await tx.query(`INSERT INTO ${items} (resource, value) VALUES (?, ?)`, [r, v]);
+    },
+    counter: async (r) => (await rows<{ n: number }>(pool.query(`SELECT n FROM ${counters} WHERE resource = ?`, [r])))[0]?.n ?? 0,
+    log: async (r) => (await rows<{ value: string }>(pool.query(`SELECT value FROM ${items} WHERE resource = ? ORDER BY seq`, [r]))).map((x) => x.value),
+    transactional: true,
+    synchronous: false,
+    cleanup: async () => {
+      await pool.query(`DROP TABLE IF EXISTS ${marks}, ${counters}, ${items}`);
       await pool.end();
     },
   };
