@@ -17,7 +17,7 @@ export interface Recorded {
   readonly closedEarly: () => boolean;
 }
 
-export type Handler = (req: Recorded, res: ServerResponse) => void | Promise<void>;
+export type Handler = (req: Recorded, res: ServerResponse) => unknown;
 
 export interface Stub {
   readonly url: string;
