@@ -6,6 +6,7 @@ import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, t
 import { Listener, type ListenConnection } from './listener.js';
 import { LIMIT_CONFLICT_STATE, SCHEMA_VERSION, schemaNames, schemaStatements, type PostgresSchemaOptions } from './schema.js';
 import { checkPool, createOnce, mapPgError, type PgClient, type PgPool } from './util.js';
+import { postgresSessions } from './sessions.js';
 import { KeyWatches } from './watch.js';
 
 export interface PostgresBackendOptions extends PostgresSchemaOptions {
@@ -31,6 +32,12 @@ export interface PostgresBackendOptions extends PostgresSchemaOptions {
    * `connectionString`, or else one client checked out of `pool` for as long as someone waits
    */
   listenConnectionString?: string;
+  /**
+   * Offer sessions: one keep-alive per client and ttl keeps all of its leases (a row in
+   * `<table>_sessions` that their holders refer to, expiring by the server's clock), instead of
+   * one renewal per lease. `false`: each lease is renewed on its own. @default true
+   */
+  sessions?: boolean;
 }
 
 /** Connecting to a server that does not answer fails after this long, as BackendUnavailableError, instead of hanging. */
@@ -56,12 +63,13 @@ const UNSTORABLE = new Set(['22021', '22P05']);
  * server's clock (I7); each key's token counter lives in the key's row and is raised in the same
  * transaction that inserts the holder, so tokens are as durable as the database (I1). Waiters are
  * served in arrival order and woken by LISTEN/NOTIFY, with core's bounded fallback poll behind it.
+ * Sessions (`sessions`, on by default): one keep-alive per client and ttl renews all of its leases.
  * No advisory locks: they are bound to a session, break behind transaction pooling, and have
  * neither ttl nor token.
  */
 export function postgresBackend(options: PostgresBackendOptions): Backend {
   const o = checkObject(options, 'options');
-  checkKnownOptions(o, ['connectionString', 'pool', 'poolSize', 'schema', 'table', 'createSchema', 'listen', 'listenConnectionString'], 'options');
+  checkKnownOptions(o, ['connectionString', 'pool', 'poolSize', 'schema', 'table', 'createSchema', 'listen', 'listenConnectionString', 'sessions'], 'options');
   if ((o.connectionString === undefined) === (o.pool === undefined)) throw new InvalidArgumentError('options', 'give exactly one of connectionString or pool');
   if (o.connectionString !== undefined && (typeof o.connectionString !== 'string' || o.connectionString.length === 0)) {
     throw new InvalidArgumentError('connectionString', `expected a PostgreSQL connection string, got ${describe(o.connectionString)}`);
@@ -75,6 +83,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
   const createSchema = o.createSchema === undefined ? true : checkBoolean(o.createSchema, 'createSchema');
   const listen = o.listen === undefined ? true : checkBoolean(o.listen, 'listen');
   if (!listen && o.listenConnectionString !== undefined) throw new InvalidArgumentError('listenConnectionString', 'given with listen: false');
+  const withSessions = o.sessions === undefined ? true : checkBoolean(o.sessions, 'sessions');
   const n = schemaNames({ schema: o.schema as string | undefined, table: o.table as string | undefined });
 
   const ownPool = o.connectionString === undefined ? undefined : makePool(o.connectionString as string, poolSize);
@@ -82,11 +91,22 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
 
   /** Whether the acquire function carries our schema version (its comment); NULL when it does not exist. */
   const SCHEMA_CHECK = `SELECT obj_description(to_regproc($1), 'pg_proc') AS version`;
-  const ACQUIRE = `SELECT granted, token::text AS token, holder, retry_in_ms::text AS retry_in_ms, version::text AS version, seq::text AS seq
-    FROM ${n.acquireFn}($1, $2, $3, $4::bigint, $5::bigint, $6, $7::boolean, $8::bigint, $9::integer)`;
-  /** Renewal: one UPDATE, only while the holder has not expired by the server's clock (I4, I7). */
-  const RENEW = `UPDATE ${n.holders} SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
-    WHERE key = $1 AND owner = $2 AND token = $3::bigint AND expires_at > clock_timestamp()`;
+  const ACQUIRE = `SELECT granted, token::text AS token, holder, retry_in_ms::text AS retry_in_ms, version::text AS version, seq::text AS seq,
+      session_lost
+    FROM ${n.acquireFn}($1, $2, $3, $4::bigint, $5::bigint, $6, $7::boolean, $8::bigint, $9::integer, $10)`;
+  /**
+   * Renewal, one statement, only while the holder has not expired by the server's clock (I4, I7):
+   * an UPDATE of its expiry; or, for a holder bound to a session, that session's keep-alive (the
+   * session and every holder bound to it live ttl from now, as in the memory and Redis backends).
+   */
+  const RENEW = `WITH own AS (
+      UPDATE ${n.holders} SET expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+      WHERE key = $1 AND owner = $2 AND token = $3::bigint AND session IS NULL AND expires_at > clock_timestamp()
+      RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM own) OR coalesce((
+      SELECT ${n.keepAliveFn}(h.session, $4::bigint) FROM ${n.holders} h
+      WHERE h.key = $1 AND h.owner = $2 AND h.token = $3::bigint AND h.session IS NOT NULL AND h.expires_at > clock_timestamp()), false) AS renewed`;
   const RELEASE = `SELECT ${n.releaseFn}($1, $2, $3::bigint) AS released`;
   const CANCEL = `SELECT ${n.cancelFn}($1, $2) AS left_queue`;
   /** The key's change counter, compared with a busy answer's cursor when a waiter subscribes. */
@@ -137,15 +157,14 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     }));
 
   /** One statement on the pool, after the schema check; driver errors become leasehold errors. */
-  const statement = async (what: string, text: string, values: unknown[]): Promise<{ rows: Record<string, unknown>[]; rowCount: number | null }> => {
+  const query = async (what: string, text: string, values: unknown[]): Promise<Record<string, unknown>[]> => {
     await init();
     try {
-      return await pool.query(text, values);
+      return (await pool.query(text, values)).rows;
     } catch (error) {
       throw mapError(what, error);
     }
   };
-  const query = async (what: string, text: string, values: unknown[]): Promise<Record<string, unknown>[]> => (await statement(what, text, values)).rows;
 
   const listener = listen
     ? new Listener({
@@ -212,7 +231,20 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       await init();
       let r: Record<string, unknown> | undefined;
       try {
-        [r] = (await pool.query(ACQUIRE, [req.key, req.owner, req.mode, req.ttlMs, req.lockDelayMs, req.holder, req.queue, req.queueTtlMs, limit])).rows;
+        [r] = (
+          await pool.query(ACQUIRE, [
+            req.key,
+            req.owner,
+            req.mode,
+            req.ttlMs,
+            req.lockDelayMs,
+            req.holder,
+            req.queue,
+            req.queueTtlMs,
+            limit,
+            req.session ?? null,
+          ])
+        ).rows;
       } catch (error) {
         if (sqlState(error) !== LIMIT_CONFLICT_STATE) throw mapError('acquire', error);
         const detail = (error as { detail?: unknown }).detail;
@@ -221,6 +253,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
       }
       if (!r) throw new BackendUnavailableError('postgres', 'acquire returned no row');
       if (r.granted === true) return { granted: true, token: BigInt(r.token as string), ttlMs: req.ttlMs };
+      if (r.session_lost === true) return { granted: false, sessionLost: true };
       const busy: { granted: false; holder?: string; retryInMs?: number; cursor?: unknown } = { granted: false };
       if (typeof r.holder === 'string') busy.holder = r.holder;
       if (typeof r.retry_in_ms === 'string') busy.retryInMs = Number(r.retry_in_ms);
@@ -229,8 +262,8 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      const { rowCount } = await statement('renew', RENEW, [req.key, req.owner, req.token.toString(), req.ttlMs]);
-      return rowCount === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
+      const [r] = await query('renew', RENEW, [req.key, req.owner, req.token.toString(), req.ttlMs]);
+      return r?.renewed === true ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
     },
 
     async release(req: ReleaseRequest): Promise<void> {
@@ -272,6 +305,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
     },
   };
 
+  if (withSessions) backend.sessions = postgresSessions(n, query);
   if (listener) {
     backend.subscribe = async (key: string, onChange: () => void, cursor?: unknown): Promise<() => void> => {
       await init();

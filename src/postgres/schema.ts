@@ -4,7 +4,7 @@ import { checkKnownOptions, checkObject } from '../core/validate.js';
 import { checkPgIdentifier, quotePg } from './util.js';
 
 /**
- * The lease store's schema, as plain SQL: four tables and five functions in one schema. Every
+ * The lease store's schema, as plain SQL: five tables and seven functions in one schema. Every
  * operation of the backend is one statement (a function called by one SELECT, or one UPDATE), so
  * it works through any pooler, including PgBouncer in transaction mode.
  *
@@ -12,7 +12,7 @@ import { checkPgIdentifier, quotePg } from './util.js';
  * the acquire function to decide whether its DDL has to run. (A function whose result columns
  * change needs a DROP FUNCTION first: CREATE OR REPLACE cannot change them.)
  */
-export const SCHEMA_VERSION = 'leasehold-locks/4';
+export const SCHEMA_VERSION = 'leasehold-locks/5';
 
 /**
  * SQLSTATE of the acquire function's refusal of a limit the key does not have (see
@@ -23,7 +23,9 @@ export const LIMIT_CONFLICT_STATE = 'LH001';
 
 /** The acquire function's argument types before semaphore permits (leasehold-locks/2), dropped by the DDL. */
 const ACQUIRE_ARGS_V2 = 'text, text, text, bigint, bigint, text, boolean, bigint';
-const ACQUIRE_ARGS = `${ACQUIRE_ARGS_V2}, integer`;
+/** Before sessions (leasehold-locks/3 and /4), dropped by the DDL too. */
+const ACQUIRE_ARGS_V4 = `${ACQUIRE_ARGS_V2}, integer`;
+const ACQUIRE_ARGS = `${ACQUIRE_ARGS_V4}, text`;
 
 /** Longest table name: the derived names (`<table>_waiters`, `<table>_acquire`, …) must stay within PostgreSQL's 63 bytes. */
 const MAX_TABLE_NAME = 50;
@@ -31,7 +33,7 @@ const MAX_TABLE_NAME = 50;
 export interface PostgresSchemaOptions {
   /** Schema that holds the tables and functions (created if missing). @default 'public' */
   schema?: string;
-  /** Table of current holders; the others are `<table>_keys` and `<table>_waiters`. @default 'leasehold_locks' */
+  /** Table of current holders; the others are `<table>_keys`, `<table>_waiters`, `<table>_watched` and `<table>_sessions`. @default 'leasehold_locks' */
   table?: string;
 }
 
@@ -47,12 +49,20 @@ export interface SchemaNames {
   readonly waiters: string;
   /** Watch marks: one row per key and watching backend instance, live until `expires_at` (see `watchFn`). */
   readonly watched: string;
+  /** Sessions (`Backend.sessions`): one row per open session, live until `expires_at`; its holders refer to it. */
+  readonly sessions: string;
+  /** The index of holders by session, unqualified (an index lives in its table's schema). */
+  readonly sessionIndex: string;
   readonly notifyFn: string;
   readonly acquireFn: string;
   readonly releaseFn: string;
   readonly cancelFn: string;
   /** Marks a key watched (or keeps the mark) and reads what a watcher compares: `src/postgres/watch.ts`. */
   readonly watchFn: string;
+  /** A session's keep-alive: extends the session and every holder bound to it (`src/postgres/sessions.ts`). */
+  readonly keepAliveFn: string;
+  /** Ends a session and frees its holders, waking their waiters (`src/postgres/sessions.ts`). */
+  readonly sessionEndFn: string;
   /** `to_regproc` argument naming the acquire function (the schema version is its comment). */
   readonly acquireRegproc: string;
   /** LISTEN/NOTIFY channel of this lease table; the payload of each notification is `<upto>:<key>` (see the notify function). */
@@ -78,11 +88,15 @@ export function schemaNames(options: PostgresSchemaOptions | undefined): SchemaN
     holders: q(''),
     waiters: q('_waiters'),
     watched: q('_watched'),
+    sessions: q('_sessions'),
+    sessionIndex: quotePg(`${table}_by_session`),
     notifyFn: q('_notify'),
     acquireFn: q('_acquire'),
     releaseFn: q('_release'),
     cancelFn: q('_cancel'),
     watchFn: q('_watch'),
+    keepAliveFn: q('_keepalive'),
+    sessionEndFn: q('_session_end'),
     acquireRegproc: q('_acquire'),
     // Channel names are identifiers (at most 63 bytes): long schema.table pairs get a digest instead.
     channel: Buffer.byteLength(plainChannel) <= 63 ? plainChannel : `leasehold:${createHash('sha256').update(`${schema}.${table}`).digest('hex').slice(0, 40)}`,
@@ -139,12 +153,29 @@ export function schemaStatements(n: SchemaNames): string[] {
   expires_at timestamptz NOT NULL,
   lock_delay_ms bigint NOT NULL DEFAULT 0 CHECK (lock_delay_ms >= 0),
   permit_limit integer CHECK (permit_limit BETWEEN 1 AND 10000),
+  session text,
   PRIMARY KEY (key, owner)
 )`,
 
     // A semaphore permit's limit next to its holder (NULL: a plain lock); tables made before
     // permits get it here (rows written before read as plain locks).
     `ALTER TABLE ${n.holders} ADD COLUMN IF NOT EXISTS permit_limit integer CHECK (permit_limit BETWEEN 1 AND 10000)`,
+
+    // The session a holder is bound to (NULL: renewed on its own). Its expires_at is then the
+    // session's, moved by every keep-alive, so it stays the one truth every other query reads.
+    // Tables made before sessions get it here.
+    `ALTER TABLE ${n.holders} ADD COLUMN IF NOT EXISTS session text`,
+
+    // A keep-alive and a session's end find the session's holders by it.
+    `CREATE INDEX IF NOT EXISTS ${n.sessionIndex} ON ${n.holders} (session) WHERE session IS NOT NULL`,
+
+    // Sessions (Backend.sessions): one row per session, live until expires_at (this server's
+    // clock, I7). Rows that ran out are deleted by the next open; their holders are not touched
+    // (they expired with them, and are purged with their lock-delay like any other, I8).
+    `CREATE TABLE IF NOT EXISTS ${n.sessions} (
+  id text PRIMARY KEY,
+  expires_at timestamptz NOT NULL
+)`,
 
     `CREATE TABLE IF NOT EXISTS ${n.waiters} (
   key text COLLATE "C" NOT NULL,
@@ -198,12 +229,18 @@ $fn$`,
     // raise the token and insert the holder in the same transaction (I1, I2), or refresh the
     // caller's place in the queue and say when to retry. Expiry instants come from this server's
     // clock only (I7); the client sends durations.
+    // A request bound to a session (p_session) is answered session_lost, writing nothing, when the
+    // session is gone; otherwise it takes the session's row (FOR KEY SHARE, before the key's row: a
+    // session's end locks in the same order) so no keep-alive runs between reading the session's
+    // expiry and committing the holder that copies it, and the holder's expires_at is the session's.
     `DROP FUNCTION IF EXISTS ${n.acquireFn}(${ACQUIRE_ARGS_V2})`,
+
+    `DROP FUNCTION IF EXISTS ${n.acquireFn}(${ACQUIRE_ARGS_V4})`,
 
     `CREATE OR REPLACE FUNCTION ${n.acquireFn}(
   p_key text, p_owner text, p_mode text, p_ttl_ms bigint, p_lock_delay_ms bigint, p_holder text,
-  p_queue boolean, p_queue_ttl_ms bigint, p_limit integer
-) RETURNS TABLE (granted boolean, token bigint, holder text, retry_in_ms bigint, version bigint, seq bigint)
+  p_queue boolean, p_queue_ttl_ms bigint, p_limit integer, p_session text
+) RETURNS TABLE (granted boolean, token bigint, holder text, retry_in_ms bigint, version bigint, seq bigint, session_lost boolean)
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
 DECLARE
   v_now timestamptz := clock_timestamp();
@@ -223,7 +260,13 @@ DECLARE
   v_count bigint;
   v_mismatch boolean;
   v_held_limit integer;
+  v_session_expiry timestamptz;
 BEGIN
+  IF p_session IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ${n.sessions} s WHERE s.id = p_session AND s.expires_at > v_now) THEN
+    RETURN QUERY SELECT false, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, true;
+    RETURN;
+  END IF;
+
   -- Fast path: busy, nothing to purge, nothing to refresh (one statement, one snapshot, no write).
   SELECT k.version, k.delay_until, w.seq,
          (SELECT h.holder FROM ${n.holders} h WHERE h.key = p_key AND h.expires_at > v_now ORDER BY h.token LIMIT 1),
@@ -241,18 +284,31 @@ BEGIN
       AND (NOT p_queue OR w.expires_at > v_now + p_queue_ttl_ms * interval '1 millisecond' * 2 / 3);
 
   IF NOT FOUND THEN
+    IF p_session IS NOT NULL THEN
+      SELECT s.expires_at INTO v_session_expiry FROM ${n.sessions} s WHERE s.id = p_session FOR KEY SHARE;
+      IF v_session_expiry IS NULL OR v_session_expiry <= clock_timestamp() THEN
+        RETURN QUERY SELECT false, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, true;
+        RETURN;
+      END IF;
+    END IF;
     SELECT k.delay_until, k.version INTO v_delay, v_version FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
     IF NOT FOUND THEN
       INSERT INTO ${n.keys} (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
       SELECT k.delay_until, k.version INTO v_delay, v_version FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
     END IF;
     v_now := clock_timestamp();
+    IF v_session_expiry <= v_now THEN
+      -- the session ran out while this call waited for the key
+      RETURN QUERY SELECT false, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, true;
+      RETURN;
+    END IF;
     ${purge(n, '')}
     v_delay := greatest(v_delay, v_purged_delay);
     v_changed := v_removed > 0;
 
     -- The holders left are live: is the caller one of them (a retried request whose answer was
-    -- lost gets its own grant back, its expiry counted from this request: I5), does anyone
+    -- lost gets its own grant back, its expiry counted from this request (I5), bound to the
+    -- session it asks with now), does anyone
     -- conflict, who holds, when does the first expire.
     SELECT max(h.token) FILTER (WHERE h.owner = p_owner), coalesce(bool_or(p_mode = 'exclusive' OR h.mode = 'exclusive'), false),
            (array_agg(h.holder ORDER BY h.token))[1], min(h.expires_at), count(*),
@@ -260,12 +316,13 @@ BEGIN
       INTO v_token, v_conflict, v_holder, v_first_expiry, v_count, v_mismatch, v_held_limit
       FROM ${n.holders} h WHERE h.key = p_key;
     IF v_token IS NOT NULL THEN
-      UPDATE ${n.holders} h SET expires_at = v_now + p_ttl_ms * interval '1 millisecond' WHERE h.key = p_key AND h.owner = p_owner;
+      UPDATE ${n.holders} h SET expires_at = coalesce(v_session_expiry, v_now + p_ttl_ms * interval '1 millisecond'), session = p_session
+        WHERE h.key = p_key AND h.owner = p_owner;
       IF v_changed THEN
         UPDATE ${n.keys} k SET delay_until = v_delay, version = k.version + 1 WHERE k.key = p_key;
         PERFORM ${n.notifyFn}(p_key);
       END IF;
-      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
+      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, false;
       RETURN;
     END IF;
 
@@ -303,15 +360,15 @@ BEGIN
             version = k.version + CASE WHEN v_changed THEN 1 ELSE 0 END
         WHERE k.key = p_key
         RETURNING k.last_token INTO v_token;
-      INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms, permit_limit)
-        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + p_ttl_ms * interval '1 millisecond', p_lock_delay_ms,
-                CASE WHEN p_mode = 'shared' THEN p_limit END);
+      INSERT INTO ${n.holders} (key, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms, permit_limit, session)
+        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, coalesce(v_session_expiry, v_now + p_ttl_ms * interval '1 millisecond'),
+                p_lock_delay_ms, CASE WHEN p_mode = 'shared' THEN p_limit END, p_session);
       IF v_changed THEN
         PERFORM ${n.notifyFn}(p_key);
       ELSIF EXISTS (SELECT 1 FROM ${n.watched} x WHERE x.key = p_key AND x.expires_at > v_now) THEN
         PERFORM pg_notify(${literal(n.channel)}, '0:' || p_key);
       END IF;
-      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint;
+      RETURN QUERY SELECT true, v_token, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, false;
       RETURN;
     END IF;
 
@@ -332,7 +389,7 @@ BEGIN
   v_soonest := CASE WHEN v_first_expiry IS NULL THEN v_live_delay ELSE greatest(v_first_expiry, v_live_delay) END;
   RETURN QUERY SELECT false, NULL::bigint, v_holder,
     CASE WHEN v_soonest IS NULL THEN NULL ELSE greatest(0, ceil(extract(epoch FROM v_soonest - v_now) * 1000))::bigint END,
-    v_version, CASE WHEN p_queue THEN v_my_seq END;
+    v_version, CASE WHEN p_queue THEN v_my_seq END, false;
 END
 $fn$`,
 
@@ -419,6 +476,62 @@ BEGIN
 END
 $fn$`,
 
+    // A session's keep-alive: the session and every holder bound to it live p_ttl_ms from now (this
+    // server's clock, I7), in one call; false when the session is gone (closed, or ran out). FOR
+    // UPDATE waits for acquires binding a holder to the session (they hold its row FOR KEY SHARE
+    // until they commit); the UPDATE of the holders, a statement of its own, then sees their rows.
+    `CREATE OR REPLACE FUNCTION ${n.keepAliveFn}(p_id text, p_ttl_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
+DECLARE
+  v_now timestamptz;
+  v_expiry timestamptz;
+BEGIN
+  SELECT s.expires_at INTO v_expiry FROM ${n.sessions} s WHERE s.id = p_id FOR UPDATE;
+  v_now := clock_timestamp();
+  IF v_expiry IS NULL OR v_expiry <= v_now THEN
+    RETURN false;
+  END IF;
+  v_expiry := v_now + p_ttl_ms * interval '1 millisecond';
+  UPDATE ${n.sessions} s SET expires_at = v_expiry WHERE s.id = p_id;
+  UPDATE ${n.holders} h SET expires_at = v_expiry WHERE h.session = p_id AND h.expires_at > v_now;
+  RETURN true;
+END
+$fn$`,
+
+    // A session's end. A live session frees its holders at once, as their releases would (no
+    // lock-delay), key by key under each key's row lock (in key order, so two ends never wait on
+    // each other), purging what else expired there and waking the key's waiters (NOTIFY). A session
+    // that already ran out is only deleted: its holders expired with it, and their lock-delay starts
+    // when they are purged (I8). Returns whether a live session ended.
+    `CREATE OR REPLACE FUNCTION ${n.sessionEndFn}(p_id text)
+RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $fn$
+DECLARE
+  p_key text;
+  v_now timestamptz;
+  v_expiry timestamptz;
+  v_removed bigint;
+  v_purged_delay timestamptz;
+  v_released boolean;
+BEGIN
+  DELETE FROM ${n.sessions} s WHERE s.id = p_id RETURNING s.expires_at INTO v_expiry;
+  IF v_expiry IS NULL OR v_expiry <= clock_timestamp() THEN
+    RETURN false;
+  END IF;
+  FOR p_key IN SELECT DISTINCT h.key FROM ${n.holders} h WHERE h.session = p_id ORDER BY 1 LOOP
+    PERFORM 1 FROM ${n.keys} k WHERE k.key = p_key FOR UPDATE;
+    v_now := clock_timestamp();
+    ${purge(n, 'OR h.session = p_id')}
+    IF v_removed > 0 THEN
+      UPDATE ${n.keys} k SET delay_until = greatest(k.delay_until, v_purged_delay), version = k.version + 1 WHERE k.key = p_key;
+      PERFORM ${n.notifyFn}(p_key);
+    END IF;
+  END LOOP;
+  RETURN true;
+END
+$fn$`,
+
     `COMMENT ON FUNCTION ${n.acquireFn}(${ACQUIRE_ARGS}) IS ${literal(SCHEMA_VERSION)}`,
   ];
 }
@@ -427,7 +540,10 @@ $fn$`,
  * The DDL of the lease store for `{ schema, table }`, for users who manage schemas themselves: run
  * it once (it is idempotent) with a role that may create tables and functions, then give the
  * backend `createSchema: false`. The backend's own role then needs only SELECT, INSERT, UPDATE and
- * DELETE on the four tables and EXECUTE on the functions.
+ * DELETE on the five tables (`<table>`, `<table>_keys`, `<table>_waiters`, `<table>_watched`,
+ * `<table>_sessions`) and EXECUTE on the seven functions (`<table>_notify`, `_acquire`, `_release`,
+ * `_cancel`, `_watch`, `_keepalive`, `_session_end`). Upgrading a store of an earlier version in
+ * place (the same SQL, run again) adds the new tables, columns and index and replaces the functions.
  */
 export function postgresSchemaSql(options?: PostgresSchemaOptions): string {
   const o = checkObject(options, 'options');

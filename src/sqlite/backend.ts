@@ -1,7 +1,8 @@
 import Database from 'better-sqlite3';
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
 import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
-import { checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
+import { checkBoolean, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
+import { SqliteSessions } from './sessions.js';
 import { checkIdentifier, checkMachineClock, isSqliteError, machineClock, quoteIdent, retryBusy, type MachineClock, type SqliteDatabase } from './util.js';
 
 export interface SqliteBackendOptions {
@@ -13,11 +14,23 @@ export interface SqliteBackendOptions {
    * would roll back with it.
    */
   database?: SqliteDatabase;
-  /** Table of current holders; the token counters and wait queue live in `<table>_tokens` and `<table>_waiters`. @default 'leasehold_locks' */
+  /**
+   * Table of current holders; the token counters, wait queue and sessions live in `<table>_tokens`,
+   * `<table>_waiters` and `<table>_sessions`. @default 'leasehold_locks'
+   */
   table?: string;
   /** The coordinator's clock (tests inject one). @default the machine's monotonic clock, tagged with its boot id */
   clock?: MachineClock;
+  /**
+   * Offer sessions: one keep-alive per client and ttl keeps all of its leases (a row in
+   * `<table>_sessions` that their holders refer to), one commit per interval instead of one per
+   * lease. `false`: each lease is renewed on its own. @default true
+   */
+  sessions?: boolean;
 }
+
+/** The answer to a request bound to a session that is gone: core ends that session and opens a new one. */
+const SESSION_LOST: AcquireResult = Object.freeze({ granted: false, sessionLost: true });
 
 /** How often a waiting process checks `PRAGMA data_version` for commits made by other processes. */
 const CHANGE_POLL_MS = 5;
@@ -27,12 +40,13 @@ const BUSY_TIMEOUT_MS = 100;
 /**
  * Leases shared by the processes of one machine through one SQLite file (WAL). Expiry is judged
  * by the machine's monotonic clock (I7); tokens are committed with synchronous=FULL, so they
- * survive process crashes and power loss (I1). Not for network filesystems: SQLite's locking
- * is not reliable there.
+ * survive process crashes and power loss (I1). Sessions (`sessions`, on by default): one
+ * keep-alive per client and ttl renews all of its leases, one commit instead of one per lease. Not
+ * for network filesystems: SQLite's locking is not reliable there.
  */
 export function sqliteBackend(options: SqliteBackendOptions): Backend {
   const o = checkObject(options, 'options');
-  checkKnownOptions(o, ['path', 'database', 'table', 'clock'], 'options');
+  checkKnownOptions(o, ['path', 'database', 'table', 'clock', 'sessions'], 'options');
   if ((o.path === undefined) === (o.database === undefined)) throw new InvalidArgumentError('options', 'give exactly one of path or database');
   if (o.path !== undefined && (typeof o.path !== 'string' || o.path.length === 0)) {
     throw new InvalidArgumentError('path', `expected a file path, got ${describe(o.path)}`);
@@ -47,10 +61,12 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
   const table = checkIdentifier(o.table ?? 'leasehold_locks', 'table');
   const clock = o.clock === undefined ? machineClock() : checkMachineClock(o.clock);
   const ownsDb = o.path !== undefined;
+  const withSessions = o.sessions === undefined ? true : checkBoolean(o.sessions, 'sessions');
 
   const locksT = quoteIdent(table);
   const tokensT = quoteIdent(`${table}_tokens`);
   const waitersT = quoteIdent(`${table}_waiters`);
+  const sessionsT = quoteIdent(`${table}_sessions`);
 
   const SCHEMA = `
     CREATE TABLE IF NOT EXISTS ${tokensT} (
@@ -69,6 +85,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       epoch TEXT NOT NULL,
       lock_delay_ms INTEGER NOT NULL,
       permit_limit INTEGER,
+      session TEXT,
       PRIMARY KEY (key, owner)
     ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS ${waitersT} (
@@ -79,6 +96,11 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       expires_at INTEGER NOT NULL,
       epoch TEXT NOT NULL,
       PRIMARY KEY (key, owner)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS ${sessionsT} (
+      id TEXT PRIMARY KEY NOT NULL,
+      expires_at INTEGER NOT NULL,
+      epoch TEXT NOT NULL
     ) WITHOUT ROWID;`;
   /**
    * A semaphore permit's limit, next to its holder (NULL: a plain lock). Tables made before permits
@@ -86,14 +108,27 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
    */
   const HAS_LIMIT_COLUMN = `SELECT 1 FROM pragma_table_info(?) WHERE name = 'permit_limit'`;
   const ADD_LIMIT_COLUMN = `ALTER TABLE ${locksT} ADD COLUMN permit_limit INTEGER`;
+  /**
+   * The session a holder is bound to (NULL: renewed on its own); its expires_at is then the
+   * session's, moved by every keep-alive. Tables made before sessions get the column on first use,
+   * then the index a keep-alive and a session's end find the session's holders by.
+   */
+  const HAS_SESSION_COLUMN = `SELECT 1 FROM pragma_table_info(?) WHERE name = 'session'`;
+  const ADD_SESSION_COLUMN = `ALTER TABLE ${locksT} ADD COLUMN session TEXT`;
+  const SESSION_INDEX = `CREATE INDEX IF NOT EXISTS ${quoteIdent(`${table}_by_session`)} ON ${locksT} (session) WHERE session IS NOT NULL`;
   const SELECT_HOLDERS = `SELECT owner, mode, token, holder, expires_at, epoch, lock_delay_ms, permit_limit FROM ${locksT} WHERE key = ?`;
   /** The first expiry among the key's holders, for `watch` (an expiry is no commit: nobody else would tell). */
   const NEXT_EXPIRY = `SELECT min(expires_at) AS at FROM ${locksT} WHERE key = ? AND epoch = ?`;
   const DELETE_HOLDER = `DELETE FROM ${locksT} WHERE key = ? AND owner = ?`;
   const DELETE_HOLDER_WITH_TOKEN = `DELETE FROM ${locksT} WHERE key = ? AND owner = ? AND token = ?`;
-  const INSERT_HOLDER = `INSERT INTO ${locksT} (key, owner, mode, token, holder, expires_at, epoch, lock_delay_ms, permit_limit)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`;
-  const RENEW_HOLDER = `UPDATE ${locksT} SET expires_at = ? WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ?`;
+  const INSERT_HOLDER = `INSERT INTO ${locksT} (key, owner, mode, token, holder, expires_at, epoch, lock_delay_ms, permit_limit, session)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
+  /** A renewal of a holder that is not bound to a session (a session-bound one is renewed by its session's keep-alive). */
+  const RENEW_HOLDER = `UPDATE ${locksT} SET expires_at = ? WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ? AND session IS NULL`;
+  /** The session of a live session-bound holder, whose renewal is that session's keep-alive. */
+  const HOLDER_SESSION = `SELECT session FROM ${locksT} WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ? AND session IS NOT NULL`;
+  /** A retried acquire of a live holder: its expiry counted from the retry, bound to the session it asks with now (or none). */
+  const REBIND_HOLDER = `UPDATE ${locksT} SET expires_at = ?, session = ? WHERE key = ? AND owner = ? AND token = ? AND epoch = ? AND expires_at > ?`;
   const SELECT_TOKEN_ROW = `SELECT last_token, delay_until, delay_epoch FROM ${tokensT} WHERE key = ?`;
   /** The grant's token: the key's counter raised in the same transaction as the holder row (I1, I2). */
   const NEXT_TOKEN = `INSERT INTO ${tokensT} (key, last_token) VALUES (?, 1)
@@ -133,6 +168,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
           .transaction(() => {
             db.exec(SCHEMA);
             if (db.prepare(HAS_LIMIT_COLUMN).get(table) === undefined) db.exec(ADD_LIMIT_COLUMN);
+            if (db.prepare(HAS_SESSION_COLUMN).get(table) === undefined) db.exec(ADD_SESSION_COLUMN);
+            db.exec(SESSION_INDEX);
           })
           .immediate(),
       );
@@ -147,6 +184,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     | 'deleteHolderWithToken'
     | 'insertHolder'
     | 'renewHolder'
+    | 'holderSession'
+    | 'rebindHolder'
     | 'selectTokenRow'
     | 'nextToken'
     | 'setDelay'
@@ -168,6 +207,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       deleteHolderWithToken: db.prepare(DELETE_HOLDER_WITH_TOKEN),
       insertHolder: db.prepare(INSERT_HOLDER),
       renewHolder: db.prepare(RENEW_HOLDER),
+      holderSession: db.prepare(HOLDER_SESSION),
+      rebindHolder: db.prepare(REBIND_HOLDER),
       selectTokenRow: db.prepare(SELECT_TOKEN_ROW).safeIntegers(true),
       nextToken: db.prepare(NEXT_TOKEN).safeIntegers(true),
       setDelay: db.prepare(SET_DELAY),
@@ -250,11 +291,17 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     const s = st();
     const now = clock.now();
     const epoch = clock.epoch;
+    // A request bound to a session that is gone is answered so before anything is written.
+    const sessionExpiry = req.session === undefined ? undefined : sessions.expiry(req.session, now, epoch);
+    if (req.session !== undefined && sessionExpiry === undefined) return SESSION_LOST;
+    /** A session-bound holder lives as long as its session (each keep-alive moves both). */
+    const expiresAt = sessionExpiry ?? now + req.ttlMs;
     const holders = purge(req.key, now, epoch);
     const mine = holders.find((h) => h.owner === req.owner);
     if (mine) {
-      // A retry whose earlier answer was lost: the same grant, its expiry counted from this request (I5).
-      s.renewHolder.run(now + req.ttlMs, req.key, req.owner, mine.token, epoch, now);
+      // A retry whose earlier answer was lost: the same grant, its expiry counted from this request
+      // (I5), bound to the session it asks with now.
+      s.rebindHolder.run(expiresAt, req.session ?? null, req.key, req.owner, mine.token, epoch, now);
       return { granted: true, token: mine.token, ttlMs: req.ttlMs };
     }
     checkLimit(req, holders);
@@ -268,7 +315,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     if (compatibleWith(req, holders) && now >= delayUntil && clearAhead) {
       const { last_token: token } = s.nextToken.get(req.key) as { last_token: bigint };
       const limit = req.mode === 'shared' ? (req.limit ?? null) : null;
-      s.insertHolder.run(req.key, req.owner, req.mode, token, req.holder, now + req.ttlMs, epoch, req.lockDelayMs, limit);
+      s.insertHolder.run(req.key, req.owner, req.mode, token, req.holder, expiresAt, epoch, req.lockDelayMs, limit, req.session ?? null);
       s.dequeue.run(req.key, req.owner);
       changedKeys.add(req.key);
       return { granted: true, token, ttlMs: req.ttlMs };
@@ -301,6 +348,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     const s = st();
     const now = clock.now();
     const epoch = clock.epoch;
+    if (req.session !== undefined && sessions.expiry(req.session, now, epoch) === undefined) return SESSION_LOST;
     const holders = s.selectHolders.all(req.key) as HolderRow[];
     if (holders.some((h) => h.owner === req.owner || h.epoch !== epoch || Number(h.expires_at) <= now)) return undefined;
     const places = s.selectPlaces.all(req.key) as { owner: string; mode: LockMode; expires_at: bigint; epoch: string }[];
@@ -404,18 +452,37 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
     }
   };
 
-  return {
+  const sessions = new SqliteSessions({
+    db,
+    clock,
+    locksTable: locksT,
+    sessionsTable: sessionsT,
+    run,
+    purge,
+    changed: (key) => changedKeys.add(key),
+    wake: notifyAll,
+  });
+
+  const backend: Backend = {
     name: 'sqlite',
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
 
     acquire: (req) => run('acquire', () => db.transaction(peekTx).deferred(req) ?? db.transaction(acquireTx).immediate(req)),
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      return run('renew', () => {
-        const now = clock.now();
-        const { changes } = st().renewHolder.run(now + req.ttlMs, req.key, req.owner, req.token, clock.epoch, now);
-        return changes === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
-      });
+      // A holder bound to a session is renewed by its session's keep-alive: every lease of that session with it (as memory and Redis do).
+      const renewed = await run('renew', () =>
+        db
+          .transaction((): boolean => {
+            const s = st();
+            const now = clock.now();
+            if (s.renewHolder.run(now + req.ttlMs, req.key, req.owner, req.token, clock.epoch, now).changes === 1) return true;
+            const bound = s.holderSession.get(req.key, req.owner, req.token, clock.epoch, now) as { session: string } | undefined;
+            return bound !== undefined && sessions.keepAlive(bound.session, req.ttlMs);
+          })
+          .immediate(),
+      );
+      return renewed ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
     },
 
     async release(req: ReleaseRequest): Promise<void> {
@@ -508,6 +575,8 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
       if (ownsDb && db.open) db.close();
     },
   };
+  if (withSessions) backend.sessions = sessions.support();
+  return backend;
 }
 
 function mapError(what: string, error: unknown): LeaseholdError {

@@ -68,7 +68,7 @@ describe('postgres: semaphore storage', () => {
     const sql = postgresSchemaSql({ schema: 's', table: 't' });
     expect(sql).toContain('ADD COLUMN IF NOT EXISTS permit_limit');
     expect(sql).toContain('DROP FUNCTION IF EXISTS "s"."t_acquire"(text, text, text, bigint, bigint, text, boolean, bigint)');
-    expect(sql).toContain("IS 'leasehold-locks/4'");
+    expect(sql).toContain("IS 'leasehold-locks/5'");
     expect(sql).toContain('CREATE TABLE IF NOT EXISTS "s"."t_watched"');
   });
 });
