@@ -21,7 +21,10 @@
 //   bench's own database (pg_stat_statements is not loaded here), from before a run's first connection
 //   to after its last has gone (a backend flushes its counts when it exits), minus the same run with
 //   no timed part (connections, warm-up, close). In autocommit every statement is one transaction.
-// - `--synchronous-commit off` runs leasehold without the commit flush: a diagnostic, not a setting.
+// - server time: leasehold's PL/pgSQL functions are timed by the server (track_functions = 'pl' on
+//   the bench's database; pg_stat_user_functions self_time, without the commit), mean per call of a run.
+// - `--synchronous-commit off` runs every side without the commit flush: a diagnostic (what is left
+//   when commits do not wait for the disk), not a setting to run leasehold with.
 //
 // Prints figures; never fails on them. The URL defaults to LEASEHOLD_TEST_PG_URL, then .test-env.json,
 // then postgres://postgres@127.0.0.1:5432/test. Works in a database of its own, dropped at the end.
@@ -31,7 +34,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { Locks } from '../dist/index.js';
 import { postgresBackend } from '../dist/postgres/index.js';
-import { Figures, fmt, machine, options, pairs, sections, summarize } from './lib/contention.mjs';
+import { Figures, fmt, machine, median, options, pairs, sections, summarize, Trips } from './lib/contention.mjs';
 import { SHEDLOCK_POSTGRES, shedlockClient } from './lib/shedlock.mjs';
 
 const opt = options();
@@ -74,7 +77,7 @@ const withSync = (url) => {
 function countingPool(max, connectionString = URL_) {
   const inner = new pg.Pool({ connectionString, max });
   inner.on('error', () => {});
-  const counter = { statements: 0, listen: 0 };
+  const counter = { statements: 0, listen: 0, trips: new Trips() };
   const pool = {
     connect: async () => {
       const client = await inner.connect();
@@ -93,7 +96,8 @@ function countingPool(max, connectionString = URL_) {
     },
     query: (text, values) => {
       counter.statements++;
-      return inner.query(text, values);
+      const kind = /_acquire"?\(/.test(text) ? 'acquire' : /_release"?\(/.test(text) ? 'release' : undefined;
+      return counter.trips.time(kind, inner.query(text, values));
     },
   };
   return { pool, counter, inner };
@@ -119,32 +123,42 @@ const leasehold = async () => {
 };
 
 const advisoryLock = async () => {
-  const client = new pg.Client({ connectionString: URL_ });
+  const client = new pg.Client({ connectionString: withSync(URL_) });
   await client.connect();
-  const counter = { statements: 0, listen: 0 };
-  const q = (sql, values) => (counter.statements++, client.query(sql, values));
+  const counter = { statements: 0, listen: 0, trips: new Trips() };
+  const q = (kind, sql, values) => (counter.statements++, counter.trips.time(kind, client.query(sql, values)));
   return {
     counter,
     lock: async (key) => {
-      await q('SELECT pg_advisory_lock(hashtext($1))', [key]);
+      await q('acquire', 'SELECT pg_advisory_lock(hashtext($1))', [key]);
       return async () => {
-        await q('SELECT pg_advisory_unlock(hashtext($1))', [key]);
+        await q('release', 'SELECT pg_advisory_unlock(hashtext($1))', [key]);
       };
     },
     close: () => client.end(),
   };
 };
 
+/**
+ * ShedLock's statements through pg, each a named prepared statement: what PgJDBC does with a statement
+ * run more than prepareThreshold (5) times (parsed and planned once per connection).
+ */
+const statementNames = new Map();
+const prepared = (text, values) => {
+  let name = statementNames.get(text);
+  if (!name) statementNames.set(text, (name = `shedlock_${statementNames.size}`));
+  return { name, text, values };
+};
 const shedlock = (pollMs) => async (w) => {
-  const pool = new pg.Pool({ connectionString: URL_, max: 2 });
+  const pool = new pg.Pool({ connectionString: withSync(URL_), max: 2 });
   pool.on('error', () => {});
-  const counter = { statements: 0, listen: 0 };
+  const counter = { statements: 0, listen: 0, trips: new Trips() };
   return {
     counter,
     ...shedlockClient({
       dialect: SHEDLOCK_POSTGRES,
       table: SHEDLOCK_TABLE,
-      run: async (sql, values) => (counter.statements++, (await pool.query(sql, values)).rowCount),
+      run: async (sql, values, kind) => (counter.statements++, (await counter.trips.time(kind, pool.query(prepared(sql, values)))).rowCount),
       lockedBy: `${hostname()}-${process.pid}-${w}`,
       pollMs,
       lockAtMostForMs: TTL_MS,
@@ -188,20 +202,51 @@ async function run(name, scenario, seconds) {
   let marked;
   const mark = async () => {
     marked = count();
+    for (const c of clients) c.counter.trips.reset();
   };
   const key = `bench:${scenario}:${name}`;
   const result =
     scenario === 'uncontended' ? await pairs(clients[0], key, seconds, mark) : summarize(await sections(clients, key, seconds, HOLD_MS, mark), n, seconds);
   const end = count();
   await Promise.all(clients.map((c) => c.close()));
+  const server = (await serverTransactions()) - before;
   return {
     result,
     units: scenario === 'uncontended' ? result.pairs : result.sections,
     client: end.statements - marked.statements,
     listen: end.listen - marked.listen,
-    server: (await serverTransactions()) - before,
+    server,
+    functions: name === 'leasehold' ? await functionTimes() : undefined,
+    trips: { acquire: median(clients.flatMap((c) => c.counter.trips.acquire)), release: median(clients.flatMap((c) => c.counter.trips.release)) },
   };
 }
+
+/**
+ * Server time in each PL/pgSQL function since the last call of this (calls, ms of self_time: the
+ * function's own statements, without the commit that follows it), read once the run's sessions
+ * have gone (a session flushes its counts when it exits). The reading session comes after the run's
+ * transaction count and before the next run's.
+ */
+let functionsSeen = new Map();
+async function functionTimes() {
+  const reader = new pg.Client({ connectionString: URL_ });
+  await reader.connect();
+  const { rows } = await reader.query('SELECT funcname AS f, calls::int AS calls, self_time AS self FROM pg_stat_user_functions');
+  await reader.end();
+  const seen = new Map(rows.map((r) => [r.f, { calls: r.calls, self: r.self }]));
+  const delta = new Map();
+  for (const [f, x] of seen) {
+    const was = functionsSeen.get(f) ?? { calls: 0, self: 0 };
+    delta.set(f, { calls: x.calls - was.calls, self: x.self - was.self });
+  }
+  functionsSeen = seen;
+  return delta;
+}
+/** Mean server ms per call of the function whose name ends with `suffix` in one run's times. */
+const perCall = (functions, suffix) => {
+  const x = [...(functions ?? [])].find(([f]) => f.endsWith(suffix))?.[1];
+  return x?.calls ? x.self / x.calls : undefined;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Main
@@ -217,6 +262,8 @@ for (let attempt = 0; ; attempt++) {
     await sleep(250);
   }
 }
+// the server times leasehold's PL/pgSQL functions in every session of this database (pg_stat_user_functions)
+await admin.query(`ALTER DATABASE ${DATABASE} SET track_functions = 'pl'`);
 const figures = new Figures();
 const overlaps = Object.fromEntries(names.map((n) => [n, 0]));
 try {
@@ -225,7 +272,7 @@ try {
   console.log(`machine: ${machine()}; PostgreSQL ${version[0].server_version} at ${new URL(ADMIN_URL).host}`);
   console.log(
     `${ROUNDS} rounds; uncontended ${PAIR_SECONDS} s per side, contended ${SECONDS} s per side with ${WORKERS} workers holding ~${HOLD_MS} ms; ` +
-      `leasehold with synchronous_commit=${SYNC}; ShedLock polling every ${POLL_MS} / ${FAST_POLL_MS} ms\n`,
+      `synchronous_commit=${SYNC}; ShedLock polling every ${POLL_MS} / ${FAST_POLL_MS} ms\n`,
   );
 
   // set-up: ShedLock's table (as its README creates it), leasehold's schema (made on first use)
@@ -250,6 +297,14 @@ try {
       const x = await run(name, 'uncontended', PAIR_SECONDS);
       const column = name === SHEDLOCK_FAST ? SHEDLOCK : name;
       figures.add('uncontended, 1 client in sequence (pairs/s)', column, x.result.perSecond);
+      figures.add('uncontended: acquire p50 (ms)', column, x.result.acquireP50);
+      figures.add('uncontended: release p50 (ms)', column, x.result.releaseP50);
+      figures.add("uncontended: acquire's statement round trip p50 (ms)", column, x.trips.acquire);
+      figures.add("uncontended: release's statement round trip p50 (ms)", column, x.trips.release);
+      if (x.functions) {
+        figures.add('uncontended: server time per acquire call (ms)', column, perCall(x.functions, '_acquire'));
+        figures.add('uncontended: server time per release call (ms)', column, perCall(x.functions, '_release'));
+      }
       figures.add('uncontended: statements per pair (client)', column, x.client / x.units);
       figures.add('uncontended: transactions per pair (server)', column, (x.server - calibration[`uncontended:${name}`]) / x.units);
     }
@@ -261,6 +316,7 @@ try {
       f('hand-off p50 (ms)', c.handoffP50);
       f('hand-off p99 (ms)', c.handoffP99);
       f('wait p50 (ms)', c.waitP50);
+      f('wait p99 (ms)', c.waitP99);
       f('longest wait (ms)', c.longestWait);
       f("Jain's index", c.jain);
       f('releaser barges back (share)', c.barge);

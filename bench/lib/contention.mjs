@@ -32,19 +32,26 @@ export function machine() {
 /**
  * Uncontended: one client, one key, acquire + release in sequence for `seconds`, after 20 pairs of
  * warm-up (tables made, statements prepared, connections opened). `mark()` runs between the warm-up and
- * the timed pairs (where the bench reads its statement counters). Returns pairs and their rate.
+ * the timed pairs (where the bench reads its statement counters). Returns pairs, their rate, and the
+ * median time of an acquire and of a release (which half a difference is in).
  */
 export async function pairs(client, key, seconds, mark = async () => {}) {
   for (let i = 0; i < 20; i++) await (await client.lock(key))();
   await mark();
-  let n = 0;
+  const acquires = [];
+  const releases = [];
   const start = now();
   const end = start + seconds * 1000;
   while (now() < end) {
-    await (await client.lock(key))();
-    n++;
+    const t0 = now();
+    const release = await client.lock(key);
+    const t1 = now();
+    await release();
+    acquires.push(t1 - t0);
+    releases.push(now() - t1);
   }
-  return { pairs: n, perSecond: (n * 1000) / (now() - start) };
+  const n = acquires.length;
+  return { pairs: n, perSecond: (n * 1000) / (now() - start), acquireP50: median(acquires), releaseP50: median(releases) };
 }
 
 /**
@@ -106,11 +113,39 @@ export function summarize(list, workers, seconds) {
     handoffP50: q(handoffs, 0.5),
     handoffP99: q(handoffs, 0.99),
     waitP50: q(waits, 0.5),
+    waitP99: q(waits, 0.99),
     longestWait: waits.length ? waits[waits.length - 1] : Number.NaN,
     jain: sum ? (sum * sum) / (workers * counts.reduce((a, b) => a + b * b, 0)) : Number.NaN,
     barge: s.length > 1 ? same / (s.length - 1) : Number.NaN,
     overlaps,
   };
+}
+
+/**
+ * Round trips of the statements that acquire and release, timed where the bench hands them to the
+ * driver: with the acquire and release calls' own times, this splits a side's time between the
+ * statement (network, server, commit) and the client's code around it.
+ */
+export class Trips {
+  acquire = [];
+  release = [];
+
+  /** Records how long `promise` (one statement of `kind`, or undefined for others) took. */
+  async time(kind, promise) {
+    if (!kind) return promise;
+    const t0 = now();
+    try {
+      return await promise;
+    } finally {
+      this[kind].push(now() - t0);
+    }
+  }
+
+  /** Forgets what was recorded (after the warm-up). */
+  reset() {
+    this.acquire.length = 0;
+    this.release.length = 0;
+  }
 }
 
 /** A figure as the tables show it: thousands separated, three significant digits below 100. */

@@ -83,7 +83,8 @@ export const SHEDLOCK_POSTGRES = {
  * A client on ShedLock's statements: lock(name) tries (insert once per name, then update) and, while
  * the name is held, tries again every `pollMs`; it resolves to the unlock.
  *
- * - `run(sql, values)` sends one statement and resolves to the rows it changed.
+ * - `run(sql, values, kind)` sends one statement ('acquire' or 'release': which call it is part of) and
+ *   resolves to the rows it changed.
  * - `lockAtMostForMs` is ShedLock's lease (the row's lock_until): kept far above any section here, so
  *   that no overlap can come from expiry and the figures are about waiting, not about the ttl.
  * - `lockedBy`: ShedLock's default is the host name; each client here is one "host".
@@ -98,17 +99,17 @@ export function shedlockClient({ dialect, table, run, lockedBy, pollMs, lockAtMo
   const rows = new Set();
   const tryLock = async (name) => {
     if (!rows.has(name)) {
-      const inserted = (await run(...insert(name, lockedBy, atMost))) > 0;
+      const inserted = (await run(...insert(name, lockedBy, atMost), 'acquire')) > 0;
       rows.add(name);
       if (inserted) return true;
     }
-    return (await run(...update(name, lockedBy, atMost))) > 0;
+    return (await run(...update(name, lockedBy, atMost), 'acquire')) > 0;
   };
   return {
     lock: async (name) => {
       while (!(await tryLock(name))) await sleep(pollMs);
       return async () => {
-        await run(...unlock(name, lockedBy, atLeast));
+        await run(...unlock(name, lockedBy, atLeast), 'release');
       };
     },
     close,
