@@ -33,6 +33,8 @@ export class ServiceError extends Error {
     readonly statusCode: number,
     readonly code: ServiceCode,
     message: string,
+    /** The request field the answer is about (`session` on a 404 for a session that is gone). */
+    readonly field?: string,
   ) {
     super(message);
   }
@@ -40,12 +42,13 @@ export class ServiceError extends Error {
 
 export const unauthorized = (): ServiceError => new ServiceError(401, 'UNAUTHORIZED', 'missing or unknown bearer token (Authorization: Bearer <token>)');
 export const forbidden = (what: string): ServiceError => new ServiceError(403, 'FORBIDDEN', `${what} is outside this caller's key prefixes`);
-export const notFound = (what: string): ServiceError => new ServiceError(404, 'NOT_FOUND', what);
+export const notFound = (what: string, field?: string): ServiceError => new ServiceError(404, 'NOT_FOUND', what, field);
 export const notSupported = (what: string): ServiceError => new ServiceError(501, 'NOT_SUPPORTED', what);
 
 /** Status and body of an error that escaped a route or a hook. */
 export function errorAnswer(error: unknown): { status: number; body: ErrorBody } {
-  if (error instanceof ServiceError) return { status: error.statusCode, body: { code: error.code, message: error.message } };
+  if (error instanceof ServiceError)
+    return { status: error.statusCode, body: { code: error.code, message: error.message, ...(error.field !== undefined && { field: error.field }) } };
   if (error instanceof LeaseholdError) return leaseholdAnswer(error);
   const fe = error as Partial<FastifyError> | null;
   if (fe && typeof fe === 'object' && typeof fe.code === 'string') {

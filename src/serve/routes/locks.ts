@@ -10,7 +10,7 @@ import { checkLabel, DEFAULTS, resolveAcquireOptions } from '../../core/options.
 import { formatSequencer, parseSequencer } from '../../core/token.js';
 import { checkKey, checkPrefix, type LockMode } from '../../core/validate.js';
 import { listingPrefixes, mayUse } from '../auth.js';
-import { callerOf, type RouteModule, type ServeContext } from '../context.js';
+import { bounded, callerOf, type RouteModule, type ServeContext } from '../context.js';
 import { forbidden, notFound } from '../errors.js';
 import { decodeSessionHandle, deriveOwner, encodeLeaseHandle, ownerSeed } from '../handles.js';
 import * as s from '../schemas.js';
@@ -25,6 +25,8 @@ interface AcquireBody {
   minHoldMs?: number;
   label?: string;
 }
+
+const SESSION_GONE = 'unknown session (expired, closed, or never opened): open a new one';
 
 /** An Idempotency-Key: 1–255 visible ASCII characters (docs/http-api.md). */
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
@@ -113,10 +115,11 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
     // A min-hold lease outlives its release on its own expiry: it cannot live by a session (as in the library).
     if (minHoldMs > 0) throw new InvalidArgumentError('minHoldMs', 'a lease with a minimum hold cannot live by a session (leave session or minHoldMs out)');
     session = decodeSessionHandle(body.session, caller);
-    if (!session || !ctx.backend.sessions) throw notFound('unknown session (expired, closed, or never opened)');
+    if (!session || !ctx.backend.sessions) throw notFound(SESSION_GONE, 'session');
   }
 
   const seed = ownerSeed(typeof idempotencyKey === 'string' ? idempotencyKey : undefined);
+  const owner = deriveOwner(caller.name, seed);
   // The client going away ends its wait, and its place in the queue with it.
   const gone = new AbortController();
   const onClose = (): void => {
@@ -128,7 +131,7 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
     const result = await acquireAs({
       backend: ctx.backend,
       key,
-      owner: deriveOwner(caller.name, seed),
+      owner,
       holder: label,
       options: {
         // A session lease lives by the session: its ttl is the session's.
@@ -145,7 +148,13 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
       events: ctx.events,
       clock: ctx.clock,
     });
-    if (!result.granted) throw notFound('unknown session (expired, closed, or never opened)');
+    if (!result.granted) throw notFound(SESSION_GONE, 'session');
+    if (gone.signal.aborted) {
+      // The client went away while the grant was being made: nobody will hold it, so it is given back
+      // now (a session lease would otherwise live as long as the session).
+      await bounded(ctx, 'release', ctx.backend.release({ key, owner, token: result.token, mode })).catch(() => {});
+      throw gone.signal.reason;
+    }
     const lease = encodeLeaseHandle({
       key,
       token: result.token,

@@ -36,9 +36,9 @@ export const sessionRoutes: RouteModule = (app, ctx) => {
   app.post('/v1/sessions/:session/keepalive', { schema: keepAliveSchema }, async (request) => {
     const r = request as FastifyRequest<{ Params: { session: string }; Body: { ttlMs?: number } }>;
     const session = decodeSessionHandle(r.params.session, callerOf(request));
-    if (!session || !ctx.backend.sessions) throw notFound(GONE);
+    if (!session || !ctx.backend.sessions) throw notFound(GONE, 'session');
     const ttlMs = r.body.ttlMs ?? session.ttlMs;
-    if (!(await bounded(ctx, 'session keep-alive', ctx.backend.sessions.keepAlive(session.id, ttlMs)))) throw notFound(GONE);
+    if (!(await bounded(ctx, 'session keep-alive', ctx.backend.sessions.keepAlive(session.id, ttlMs)))) throw notFound(GONE, 'session');
     return { ttlMs };
   });
 
