@@ -14,6 +14,8 @@ const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({
   rediss: 6379,
   postgres: 5432,
   postgresql: 5432,
+  mysql: 3306,
+  mariadb: 3306,
   etcd: 2379,
   redlock: 6379,
 });
@@ -40,15 +42,17 @@ function splitHostPort(hostPort: string, fallback: number): Endpoint {
 export function tcpEndpoints(url: string): Endpoint[] {
   const s = scheme(url);
   if (s === 'etcd' || s === 'redlock') return hostList(url).map((h) => splitHostPort(h, DEFAULT_PORTS[s]!));
-  if (s === 'redis' || s === 'rediss' || s === 'postgres' || s === 'postgresql') {
+  if (s === 'redis' || s === 'rediss' || s === 'postgres' || s === 'postgresql' || s === 'mysql' || s === 'mariadb') {
     let u: URL;
     try {
       u = new URL(url);
     } catch {
       return []; // e.g. postgresql://user@/db?host=/socket/dir: no TCP host the WHATWG parser accepts
     }
-    // libpq's host= parameter (a socket directory, or another host) overrides the URL's host.
-    if (u.searchParams.has('host') || u.hostname === '' || s === 'rediss') return [];
+    // libpq's host= parameter (a socket directory, or another host) overrides the URL's host, as
+    // mysql2's socketPath= and host= do; TLS (rediss, mysql2's ssl=) cannot be held by a plain proxy.
+    const other = s === 'mysql' || s === 'mariadb' ? ['socketPath', 'host', 'port', 'ssl'] : ['host'];
+    if (other.some((p) => u.searchParams.has(p)) || u.hostname === '' || s === 'rediss') return [];
     return [{ host: u.hostname.replace(/^\[|\]$/g, ''), port: u.port ? Number(u.port) : DEFAULT_PORTS[s]! }];
   }
   return [];

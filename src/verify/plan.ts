@@ -4,7 +4,7 @@
  * started, so a refused run leaves nothing behind).
  */
 import { resolve } from 'node:path';
-import { backendLoader, redact } from '../connect.js';
+import { backendLoader, mysqlUrl, redact } from '../connect.js';
 import { InvalidArgumentError } from '../core/errors.js';
 import { MAX_LIMIT } from '../core/options.js';
 import { formatDuration } from '../util/duration.js';
@@ -17,9 +17,9 @@ import { STORE_KINDS, type StoreKind } from './store.js';
 export interface VerifyOptions {
   /** The coordinator: a backend URL, or `local:redis|postgres|etcd|redlock|sqlite` for one verify starts (and can crash). */
   url: string;
-  /** Where the protected resource lives. @default the coordinator's technology when it has a fence (sqlite, postgres, redis), else sqlite */
+  /** Where the protected resource lives. @default the coordinator's technology when it has a fence (sqlite, postgres, mysql, redis), else sqlite */
   fence?: StoreKind | undefined;
-  /** The resource's server for `fence` postgres or redis. @default the coordinator's URL when it is of that kind */
+  /** The resource's server for `fence` postgres, mysql or redis. @default the coordinator's URL when it is of that kind */
   fenceUrl?: string | undefined;
   /** @default 3 */
   workers: number;
@@ -58,7 +58,7 @@ export const VERIFY_LIMITS = Object.freeze({
 
 /** What the coordinator URL is. */
 export interface CoordinatorKind {
-  tech: 'sqlite' | 'postgres' | 'redis' | 'redlock' | 'etcd';
+  tech: 'sqlite' | 'postgres' | 'mysql' | 'redis' | 'redlock' | 'etcd';
   local: LocalKind | undefined;
 }
 
@@ -70,7 +70,9 @@ function coordinatorKind(url: string): CoordinatorKind {
     return { tech: kind, local: kind };
   }
   if (/^memory:/i.test(url))
-    throw usage("--url memory: lives in one process; verify's workers are separate processes (use sqlite:PATH, redis://, postgres://, etcd:// or local:KIND)");
+    throw usage(
+      "--url memory: lives in one process; verify's workers are separate processes (use sqlite:PATH, redis://, postgres://, mysql://, etcd:// or local:KIND)",
+    );
   try {
     backendLoader(url);
   } catch (error) {
@@ -78,9 +80,16 @@ function coordinatorKind(url: string): CoordinatorKind {
     throw error;
   }
   const scheme = /^([a-z]+)/i.exec(url)![1]!.toLowerCase();
-  const tech = scheme === 'postgresql' ? 'postgres' : scheme === 'rediss' ? 'redis' : scheme;
+  const tech = scheme === 'postgresql' ? 'postgres' : scheme === 'rediss' ? 'redis' : scheme === 'mariadb' ? 'mysql' : scheme;
   return { tech: tech as CoordinatorKind['tech'], local: undefined };
 }
+
+/** The URLs `--fence-url` takes for each server store. */
+const FENCE_URLS: Readonly<Record<Exclude<StoreKind, 'sqlite'>, { pattern: RegExp; example: string }>> = Object.freeze({
+  postgres: { pattern: /^postgres(ql)?:\/\//i, example: 'postgres://' },
+  mysql: { pattern: /^(mysql|mariadb):\/\//i, example: 'mysql:// (or mariadb://)' },
+  redis: { pattern: /^rediss?:\/\//i, example: 'redis://' },
+});
 
 export interface Plan {
   coordinator: CoordinatorKind;
@@ -113,13 +122,18 @@ export function plan(o: VerifyOptions): Plan {
   if (!STORE_KINDS.includes(fence)) throw usage(`--fence must be one of ${STORE_KINDS.join(', ')}, got ${fence}`);
   let fenceUrl = o.fenceUrl;
   if (fence === 'sqlite') {
-    if (fenceUrl !== undefined) throw usage('--fence-url is for --fence postgres or redis; the SQLite resource is a file verify creates');
+    if (fenceUrl !== undefined) throw usage('--fence-url is for --fence postgres, mysql or redis; the SQLite resource is a file verify creates');
   } else if (fenceUrl !== undefined) {
-    const ok = fence === 'postgres' ? /^postgres(ql)?:\/\//i.test(fenceUrl) : /^rediss?:\/\//i.test(fenceUrl);
-    if (!ok)
-      throw usage(
-        `--fence-url must be a ${fence === 'postgres' ? 'postgres://' : 'redis://'} URL for --fence ${fence}, got ${JSON.stringify(redact(fenceUrl))}`,
-      );
+    const { pattern, example } = FENCE_URLS[fence];
+    if (!pattern.test(fenceUrl)) throw usage(`--fence-url must be a ${example} URL for --fence ${fence}, got ${JSON.stringify(redact(fenceUrl))}`);
+    if (fence === 'mysql') {
+      try {
+        mysqlUrl(fenceUrl);
+      } catch (error) {
+        if (error instanceof InvalidArgumentError) throw usage(error.message.replace(/^invalid url: /, '--fence-url: '));
+        throw error;
+      }
+    }
   } else if (coordinator.tech === fence) {
     fenceUrl = coordinator.local ? undefined : o.url;
   } else {

@@ -1,6 +1,6 @@
 /**
  * The protected resource of a verify run: one counter and one append-only log per resource, in a
- * store with a fence (SQLite, PostgreSQL or Redis). Each worker operation either goes through the
+ * store with a fence (SQLite, PostgreSQL, MySQL / MariaDB or Redis). Each worker operation either goes through the
  * fence (read the counter, write counter + 1 and append a log row, all inside the fence's
  * transaction) or, in the control run, does what code that trusts its lock does: read the counter
  * right after acquiring, and later write value + 1 and append the row without any token check.
@@ -8,7 +8,8 @@
  * The log is the checker's ground truth: its rows in commit order (`seq`) carry the token, the
  * worker, the operation id and the counter value written. Commit order is `seq` order in every
  * store: SQLite has one writer at a time; in PostgreSQL the fence's mark row (fenced) or the
- * counter row (control) is locked until commit, before the log row takes its `seq`; Redis runs
+ * counter row (control) is locked until commit, before the log row takes its `seq`, and the same
+ * holds in InnoDB (row locks until commit; the AUTO_INCREMENT `seq` is taken under them); Redis runs
  * each transaction alone.
  *
  * Everything a run writes is named after its run id, so runs never meet, and is deleted at the
@@ -17,12 +18,12 @@
  * start with `leasehold-verify:`.
  */
 
-export type StoreKind = 'sqlite' | 'postgres' | 'redis';
-export const STORE_KINDS: readonly StoreKind[] = Object.freeze(['sqlite', 'postgres', 'redis']);
+export type StoreKind = 'sqlite' | 'postgres' | 'mysql' | 'redis';
+export const STORE_KINDS: readonly StoreKind[] = Object.freeze(['sqlite', 'postgres', 'mysql', 'redis']);
 
 export interface StoreConfig {
   kind: StoreKind;
-  /** sqlite: a file path; postgres: a connection string; redis: a redis:// URL. */
+  /** sqlite: a file path; postgres: a connection string; mysql: a mysql:// (or mariadb://) URL; redis: a redis:// URL. */
   location: string;
   /** Upper bound of one store call, after which a write counts as failed (indeterminate). */
   timeoutMs: number;

@@ -1,8 +1,9 @@
 // `leasehold run`, `ls` and `demo` with --url naming each server backend: the CLI is the same
 // program whatever coordinator it talks to.
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { PG_URL, uniqueName } from '../helpers/env.js';
+import { MYSQL_URL, PG_URL, uniqueName } from '../helpers/env.js';
 import { killAll, requireBuild, runCli, sandbox, startCli, type Sandbox } from './helpers.js';
 
 interface Target {
@@ -12,6 +13,7 @@ interface Target {
 }
 
 const pgSchema = uniqueName('lh_cli');
+const mysqlTable = uniqueName('lh_cli');
 const targets: Target[] = [
   {
     name: 'postgres',
@@ -20,6 +22,30 @@ const targets: Target[] = [
       const admin = new pg.Client({ connectionString: PG_URL });
       await admin.connect();
       await admin.query(`DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`).finally(() => admin.end());
+    },
+  },
+  {
+    name: 'mysql',
+    url: () => `${MYSQL_URL}${MYSQL_URL.includes('?') ? '&' : '?'}table=${mysqlTable}`,
+    cleanup: async () => {
+      // What the backend made under that name: its tables, and any routines named after them.
+      const admin = await mysql.createConnection({ uri: MYSQL_URL });
+      try {
+        const like = `${mysqlTable}%`;
+        const [routines] = await admin.query(
+          'SELECT routine_name AS n, routine_type AS t FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?',
+          [like],
+        );
+        for (const r of routines as { n: string; t: string }[]) await admin.query(`DROP ${r.t} IF EXISTS \`${r.n}\``);
+        const [tables] = await admin.query('SELECT table_name AS n FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?', [
+          like,
+        ]);
+        // Foreign key checks off for this session: the tables may reference each other.
+        await admin.query('SET foreign_key_checks = 0');
+        for (const t of tables as { n: string }[]) await admin.query(`DROP TABLE IF EXISTS \`${t.n}\``);
+      } finally {
+        await admin.end();
+      }
     },
   },
 ];
@@ -89,6 +115,7 @@ describe('CLI with a --url the coordinator cannot take', () => {
     ['etcd://127.0.0.1:99999', /the port must be from 1 to 65535, got 99999/],
     ['redis://127.0.0.1:6379/abc', /database number/],
     ['redis://127.0.0.1:6379/99', /selects database 99, which the server refuses/],
+    ['mysql://root@127.0.0.1:3306', /names no database/],
   ];
   for (const [url, message] of cases) {
     it(`run --url ${url}: exit 64`, async () => {
