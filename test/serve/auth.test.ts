@@ -32,13 +32,14 @@ const keysListed = async (a: LockServerApp, headers: Record<string, string>, pre
 describe('authentication', () => {
   it('401 UNAUTHORIZED without a token, with an unknown one, or a malformed header — on every route, unknown ones too', async () => {
     const a = await server();
-    for (const headers of [
+    const tries: Record<string, string>[] = [
       {},
       { authorization: 'Bearer nope' },
       { authorization: 'token-a' },
       { authorization: 'Basic dG9rZW4tYQ==' },
       { authorization: 'Bearer ' },
-    ]) {
+    ];
+    for (const headers of tries) {
       for (const [method, url] of [
         ['POST', acquirePath('a/1')],
         ['GET', '/v1/locks'],
