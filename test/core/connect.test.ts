@@ -5,11 +5,12 @@
  * private).
  */
 import { Redis } from 'ioredis';
-import { afterAll, describe, expect, it } from 'vitest';
+import mysql from 'mysql2/promise';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { mysqlUrl } from '../../src/connect.js';
 import { createLocks, InvalidArgumentError, Locks, memoryBackend } from '../../src/index.js';
 import { REDIS_URL } from '../redis/servers.js';
-import { uniqueName } from '../helpers/env.js';
+import { MYSQL_URL, uniqueName } from '../helpers/env.js';
 
 function thrown(fn: () => unknown): unknown {
   try {
@@ -176,6 +177,63 @@ describe('mysql:// and mariadb:// URLs', () => {
     }
     // A database given as mysql2's own parameter is one too.
     expect(createLocks({ url: 'mysql://root@127.0.0.1:3306/?database=test' })).toBeInstanceOf(Locks);
+  });
+
+  describe('against the test server', () => {
+    const table = uniqueName('lh_url');
+    const withTable = (url: string): string => `${url}${url.includes('?') ? '&' : '?'}table=${table}`;
+    afterAll(async () => {
+      const c = await mysql.createConnection({ uri: MYSQL_URL });
+      try {
+        const like = `${table}%`;
+        const [routines] = await c.query(
+          'SELECT routine_name AS n, routine_type AS t FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?',
+          [like],
+        );
+        for (const r of routines as { n: string; t: string }[]) await c.query(`DROP ${r.t} IF EXISTS \`${r.n}\``);
+        const [tables] = await c.query('SELECT table_name AS n FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?', [like]);
+        await c.query('SET foreign_key_checks = 0');
+        for (const t of tables as { n: string }[]) await c.query(`DROP TABLE IF EXISTS \`${t.n}\``);
+      } finally {
+        await c.end();
+      }
+    });
+
+    it('storage layout: ?table=T puts the leases in T (its tables are read), and mysql2 never sees the parameter (no warning)', async () => {
+      const warn = vi.spyOn(console, 'error');
+      try {
+        const key = uniqueName('url');
+        const locks = open(createLocks({ url: withTable(MYSQL_URL) }));
+        const lease = await locks.acquire(key, { ttlMs: 10_000 });
+        const c = await mysql.createConnection({ uri: MYSQL_URL });
+        try {
+          const [rows] = await c.query(`SELECT CAST(token AS CHAR) AS token FROM \`${table}\` WHERE \`key\` = ?`, [Buffer.from(key)]);
+          expect(rows).toEqual([{ token: lease.token.toString() }]);
+        } finally {
+          await c.end();
+        }
+        await lease.release();
+        expect(warn.mock.calls.map((call) => String(call[0])).filter((m) => m.includes('Ignoring invalid configuration option'))).toEqual([]);
+      } finally {
+        warn.mockRestore();
+      }
+    });
+
+    it('mariadb:// and MYSQL:// name the same coordinator as mysql://', async () => {
+      const key = uniqueName('alias');
+      const mariadbUrl = withTable(MYSQL_URL.replace(/^mysql:/i, 'mariadb:'));
+      const upper = withTable(MYSQL_URL.replace(/^mysql:/i, 'MYSQL:'));
+      const a = open(createLocks({ url: withTable(MYSQL_URL) }));
+      const b = open(createLocks({ url: mariadbUrl }));
+      const c = open(createLocks({ url: upper }));
+      const first = await a.acquire(key, { ttlMs: 10_000 });
+      expect(await b.tryAcquire(key)).toBeNull();
+      expect(await c.tryAcquire(key)).toBeNull();
+      await first.release();
+      const second = await b.acquire(key, { ttlMs: 10_000 });
+      expect(second.token).toBe(first.token + 1n);
+      await second.release();
+    });
   });
 
   it('an unknown scheme names mysql:// among the ones taken, and the password is masked', () => {
