@@ -31,6 +31,8 @@ export class HttpSessions implements SessionSupport {
   readonly #calls: LeaseCalls;
   /** False once the server said it has no sessions (501): from then on they are kept here. */
   #serverSessions = true;
+  /** The sessions kept here that are open: a keep-alive of one that was closed answers false. */
+  readonly #local = new Set<string>();
 
   constructor(transport: Transport, leases: LeaseTable, calls: LeaseCalls) {
     this.#transport = transport;
@@ -55,7 +57,9 @@ export class HttpSessions implements SessionSupport {
       if (answer.status !== 501) throw answerError(answer, 'session open', this.#transport.where);
       this.#serverSessions = false;
     }
-    return { id: `${LOCAL_PREFIX}${randomUUID()}`, ttlMs };
+    const id = `${LOCAL_PREFIX}${randomUUID()}`;
+    this.#local.add(id);
+    return { id, ttlMs };
   }
 
   async keepAlive(id: string, ttlMs: number): Promise<boolean> {
@@ -77,6 +81,7 @@ export class HttpSessions implements SessionSupport {
 
   async close(id: string): Promise<void> {
     if (HttpSessions.isLocal(id)) {
+      this.#local.delete(id);
       const leases = this.#leases.dropSession(id);
       await Promise.all(leases.map((l) => this.#calls.releaseHandle(l.handle)));
       return;
@@ -89,6 +94,7 @@ export class HttpSessions implements SessionSupport {
 
   /** A session kept here: renew each of its leases; one lost loses the session (and the rest are given back). */
   async #keepLocal(id: string, ttlMs: number): Promise<boolean> {
+    if (!this.#local.has(id)) return false; // closed: its leases were given back
     const entries = this.#leases.ofSession(id);
     const renewed = await Promise.all(entries.map((e) => this.#calls.renewHandle(e.lease.handle, ttlMs)));
     const now = performance.now();
@@ -96,6 +102,7 @@ export class HttpSessions implements SessionSupport {
       for (const e of entries) e.lease.expiresAt = now + ttlMs;
       return true;
     }
+    this.#local.delete(id);
     const rest = this.#leases.dropSession(id);
     await Promise.allSettled(rest.map((l) => this.#calls.releaseHandle(l.handle)));
     return false;

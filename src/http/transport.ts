@@ -1,5 +1,6 @@
 import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, request as httpRequest, type RequestOptions } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { setMaxListeners } from 'node:events';
 import { BackendUnavailableError, ClosedError, type LeaseholdError } from '../core/errors.js';
 import { HTTP_DEFAULTS, type ResolvedHttpOptions } from './options.js';
 
@@ -49,6 +50,8 @@ export class Transport {
       ? new HttpsAgent({ keepAlive: true, ...(options.ca !== undefined && { ca: options.ca }) })
       : new HttpAgent({ keepAlive: true });
     this.#request = options.secure ? httpsRequest : httpRequest;
+    // Every request in flight listens to it (one listener each): as many as requests, not a leak.
+    setMaxListeners(0, this.#closing.signal);
     this.#basePath = options.base.pathname.replace(/\/+$/, '');
     this.#auth = options.token === undefined ? {} : { authorization: `Bearer ${options.token}` };
   }

@@ -308,5 +308,12 @@ describe('httpBackend against a scripted server', () => {
     lost.add('/v1/leases/lhl1.a/renew');
     expect(await b.sessions!.keepAlive(id, 4_000)).toBe(false);
     expect(stub.requests.filter((r) => r.method === 'DELETE').map((r) => r.url)).toContain('/v1/leases/lhl1.bb');
+    expect(await b.sessions!.keepAlive(id, 4_000)).toBe(false); // lost for good
+    // closing one ends it too: its leases are given back and its keep-alive answers false
+    const other = await b.sessions!.open(4_000);
+    await b.acquire(request({ key: 'ccc', owner: 'o3', session: other.id }));
+    await b.sessions!.close(other.id);
+    expect(stub.requests.at(-1)).toMatchObject({ method: 'DELETE', url: '/v1/leases/lhl1.ccc' });
+    expect(await b.sessions!.keepAlive(other.id, 4_000)).toBe(false);
   });
 });
