@@ -266,27 +266,35 @@ export async function withGuardedTransaction<R>(pool: MysqlPool, options: Guarde
   }
 }
 
-/** Attempts of a store operation that ran into a deadlock or a lock-wait timeout before any user code ran. */
-export const LOCK_RETRY_ATTEMPTS = 4;
+/**
+ * Attempts of a store operation (in all) that ran into deadlocks before any user code ran. InnoDB
+ * finds a deadlock at once and rolls back one side, so another attempt is cheap; they come in
+ * bursts when many writers first insert one new key (gap locks).
+ */
+export const DEADLOCK_ATTEMPTS = 8;
+/** Attempts (in all) after lock-wait timeouts: each has already waited the server's innodb_lock_wait_timeout (50 s by default). */
+export const LOCK_WAIT_ATTEMPTS = 2;
 
-/** True when `error` (mapped or raw) is a deadlock or a lock-wait timeout: the same statements, run again, may succeed. */
-export function isLockConflict(error: unknown): boolean {
-  const driverError = error instanceof LeaseholdError ? error.cause : error;
-  const code = mysqlCode(driverError);
-  return code !== undefined && RETRYABLE.has(code);
+/** The driver's code of `error` (mapped or raw) when it is a deadlock or a lock-wait timeout: the same statements, run again, may succeed. */
+export function lockConflict(error: unknown): string | undefined {
+  const code = mysqlCode(error instanceof LeaseholdError ? error.cause : error);
+  return code !== undefined && RETRYABLE.has(code) ? code : undefined;
 }
 
 /**
- * Runs `op` again (up to LOCK_RETRY_ATTEMPTS in all, after a short jittered pause) while it fails
- * with a deadlock or a lock-wait timeout and `again()` says it may (no user code ran yet).
+ * Runs `op` again, after a short jittered pause, while it fails with a deadlock (up to
+ * DEADLOCK_ATTEMPTS in all) or a lock-wait timeout (up to LOCK_WAIT_ATTEMPTS) and `again()` says
+ * it may (no user code ran yet); then its error reaches the caller.
  */
 export async function retryLockConflicts<T>(op: () => Promise<T>, again: () => boolean = () => true): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await op();
     } catch (error) {
-      if (attempt >= LOCK_RETRY_ATTEMPTS || !isLockConflict(error) || !again()) throw error;
-      await sleep(Math.floor(Math.random() * 20 * attempt) + 1);
+      const code = lockConflict(error);
+      const limit = code === 'ER_LOCK_WAIT_TIMEOUT' ? LOCK_WAIT_ATTEMPTS : DEADLOCK_ATTEMPTS;
+      if (code === undefined || attempt >= limit || !again()) throw error;
+      await sleep(Math.floor(Math.random() * 10 * attempt) + 1);
     }
   }
 }

@@ -90,7 +90,9 @@ fenceConformance<PgClient>('postgres', async () => {
 
 fenceConformance<MysqlConnection>('mysql', async () => {
   const pool = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 8 });
-  const [marks, counters, items] = ['lh_fence_marks', 'lh_fence_counters', 'lh_fence_items'].map((p) => uniqueName(p));
+  const marks = uniqueName('lh_fence_marks');
+  const counters = uniqueName('lh_fence_counters');
+  const items = uniqueName('lh_fence_items');
   await pool.query(`CREATE TABLE ${counters} (resource VARCHAR(255) PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB`);
   await pool.query(`CREATE TABLE ${items} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, resource VARCHAR(255) NOT NULL, value VARCHAR(255) NOT NULL) ENGINE=InnoDB`);
   const rows = async <T>(answer: Promise<[unknown, unknown]>): Promise<T[]> => (await answer)[0] as T[];

@@ -9,15 +9,17 @@
  */
 import Database from 'better-sqlite3';
 import fc from 'fast-check';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InvalidArgumentError, StaleTokenError } from '../../src/core/errors.js';
 import type { Fence } from '../../src/core/fence.js';
 import { formatSequencer, toToken, type TokenInput } from '../../src/core/token.js';
 import { memoryFence } from '../../src/memory/index.js';
+import { mysqlFence, type MysqlConnection } from '../../src/mysql/index.js';
 import { postgresFence, type PgClient } from '../../src/postgres/index.js';
 import { sqliteFence, type SqliteDatabase } from '../../src/sqlite/index.js';
-import { PG_URL, uniqueName } from '../helpers/env.js';
+import { MYSQL_URL, PG_URL, uniqueName } from '../helpers/env.js';
 
 /** `otherLock`: a sequencer names another lock than the resource's own (the fence is told `lockKey: (r) => r`). */
 interface Op {
@@ -231,6 +233,51 @@ describe('I3 over random write sequences (model-checked)', () => {
             (await pool.query(`SELECT token FROM ${schema}.items WHERE run = $1 AND resource = $2 ORDER BY seq`, [r, res])).rows.map((x) =>
               BigInt(x.token as string),
             ),
+          done: async () => {},
+        };
+      };
+      await fc.assert(
+        fc.asyncProperty(fc.array(lockOpArb, { minLength: 1, maxLength: 25 }), (ops) => check(ops, subject())),
+        { numRuns: 25 },
+      );
+    });
+  });
+
+  describe('mysql fence (real server)', () => {
+    const prefix = uniqueName('lh_fprop');
+    const items = `${prefix}_items`;
+    const pool = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 4 });
+    const tables: string[] = [items];
+    beforeAll(async () => {
+      await pool.query(
+        `CREATE TABLE ${items} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, run INT NOT NULL, resource VARCHAR(64) NOT NULL, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB`,
+      );
+    });
+    afterAll(async () => {
+      await pool.query(`DROP TABLE IF EXISTS ${tables.join(', ')}`);
+      await pool.end();
+    });
+
+    it('mysql fence', async () => {
+      let run = 0;
+      const subject = (): Subject => {
+        const r = ++run;
+        const marks = `${prefix}_marks_${r}`;
+        tables.push(marks);
+        return {
+          // a fresh mark table per history
+          fence: mysqlFence(pool, { table: marks, lockKey }) as Fence<unknown>,
+          async mutate(tx, resource, token, error, result) {
+            await (tx as MysqlConnection).query(`INSERT INTO ${items} (run, resource, token) VALUES (?, ?, ?)`, [r, resource, token.toString()]);
+            if (error) throw error;
+            return result;
+          },
+          data: async (res) =>
+            (
+              (await pool.query(`SELECT CAST(token AS CHAR) AS token FROM ${items} WHERE run = ? AND resource = ? ORDER BY seq`, [r, res]))[0] as {
+                token: string;
+              }[]
+            ).map((x) => BigInt(x.token)),
           done: async () => {},
         };
       };
