@@ -1,5 +1,5 @@
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
+import { BackendUnavailableError, ClosedError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
 import { createOwnPool, type OwnPool } from './pool.js';
 import {
@@ -52,9 +52,12 @@ const DDL_LOCK_WAIT_S = 30;
 const CLOSE_TIMEOUT_MS = 2_000;
 const DEFAULT_POOL_SIZE = 10;
 /**
- * 10 ms: a poll round is one indexed read of a few rows (well under a millisecond of server time
- * here), so a waiting backend instance costs the server about 100 light statements a second, and a
- * hand-off costs about 5 ms on average on top of the round trips (measured: test/mysql/watch.test.ts).
+ * 10 ms: a poll round is one indexed read of a few rows, so a waiting backend instance costs the
+ * server about 100 light statements a second, and a hand-off between processes about 5 ms on
+ * average on top of its round trips. Measured here (MariaDB 10.11 on the same 2-core machine, from
+ * the holder's release call to the waiter's grant): p50 9–14 ms, worst of 25 about 17–33 ms with
+ * 10 ms; p50 about 10 ms with 5 ms, 21 ms with 20 ms, 30 ms with 50 ms (test/mysql/watch.test.ts
+ * prints it). Below 10 ms the rounds cost more than they save next to the ~2–3 ms round trips.
  */
 const DEFAULT_POLL_MS = 10;
 /** Observers (`watch`: an election's observe, the dashboard) are told of changes within this long. */
@@ -110,7 +113,8 @@ type Row = Record<string, unknown>;
  * keys its waiters wait for, one statement every `pollMs` (default 10 ms) for all of them, and only
  * while someone waits; a release made through the same instance wakes its own waiters at once.
  * A hand-off between processes therefore costs about pollMs/2 plus a round trip on average, pollMs
- * plus a round trip at worst (measured here on MariaDB 10.11: see test/mysql/watch.test.ts).
+ * plus a round trip at worst: with the default 10 ms, a p50 of 9–14 ms from the holder's release
+ * call to the waiter's grant, both round trips included (MariaDB 10.11 here; see DEFAULT_POLL_MS).
  *
  * Deadlocks and lock-wait timeouts roll a call back whole; it is retried inside the operation (four
  * attempts, jittered pauses), then reported as BackendUnavailableError, never as a raw driver error.
@@ -134,7 +138,12 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   const pollMs = o.pollMs === undefined ? DEFAULT_POLL_MS : checkInteger(o.pollMs, 'pollMs', 1, 60_000);
   const n = schemaNames({ table: o.table as string | undefined });
 
-  const own: OwnPool | undefined = o.uri === undefined ? undefined : createOwnPool(o.uri as string, poolSize);
+  let own: OwnPool | undefined;
+  try {
+    own = o.uri === undefined ? undefined : createOwnPool(o.uri as string, poolSize);
+  } catch (cause) {
+    throw new InvalidArgumentError('uri', `mysql2 refused it: ${(cause as Error)?.message ?? String(cause)}`, { cause });
+  }
   const pool: MysqlPool = own?.pool ?? (o.pool as MysqlPool);
 
   /** The connection's database, and the version in the acquire procedure's comment (NULL: no such procedure). */
@@ -376,6 +385,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 
     /** Wakes the waiter when the key's change counter passes the busy answer's (see wake.ts). */
     async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
+      if (closed) throw new ClosedError('mysql backend');
       await init();
       try {
         return await poller.subscribe(key, onChange, isCursor(cursor) ? cursor.version : undefined);
@@ -386,6 +396,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 
     /** Grants, releases and expiries of the key, seen by the poller every 100 ms (at once when made through this instance). */
     async watch(key: string, onChange: () => void): Promise<() => void> {
+      if (closed) throw new ClosedError('mysql backend');
       await init();
       try {
         return await poller.watch(key, onChange);

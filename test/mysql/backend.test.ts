@@ -9,7 +9,7 @@ import { execFile, spawn } from 'node:child_process';
 import mysql from 'mysql2/promise';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import type { Backend } from '../../src/core/backend.js';
-import { BackendUnavailableError, InvalidArgumentError } from '../../src/core/errors.js';
+import { BackendUnavailableError, ClosedError, InvalidArgumentError } from '../../src/core/errors.js';
 import { Locks } from '../../src/core/locks.js';
 import { mysqlBackend, mysqlSchemaSql, SCHEMA_VERSION } from '../../src/mysql/index.js';
 import { acquireRequest, eventually, MYSQL_URL, sleep, uniqueName } from '../helpers/env.js';
@@ -236,7 +236,39 @@ describe('mysql backend: pools', () => {
     await own.close();
     await own.close(); // idempotent
     await expect(own.inspect('')).rejects.toBeInstanceOf(BackendUnavailableError);
+    await expect(own.watch!('k', () => {})).rejects.toBeInstanceOf(ClosedError);
   });
+
+  it('a statement that never gets an answer is abandoned after 10 s as BackendUnavailableError, its connection destroyed', async () => {
+    const inner = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 2 });
+    track({ close: () => inner.end() });
+    let destroyed = 0;
+    // a connection whose CALLs are never answered (a server that froze mid-statement)
+    const pool = {
+      async getConnection() {
+        const c = await inner.getConnection();
+        return {
+          query: (sql: { sql: string }, values?: unknown) =>
+            sql.sql.startsWith('CALL')
+              ? new Promise<[unknown, unknown]>(() => {})
+              : (c.query as (s: unknown, v?: unknown) => Promise<[unknown, unknown]>)(sql, values),
+          release: () => c.release(),
+          destroy: () => {
+            destroyed++;
+            c.destroy();
+          },
+        };
+      },
+      query: inner.query.bind(inner) as never,
+    };
+    const backend = track(mysqlBackend({ pool: pool as never, table: freshTable() }));
+    const started = performance.now();
+    const error = await backend.acquire(acquireRequest('hangs', 'a')).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(BackendUnavailableError);
+    expect((error as Error).message).toMatch(/no answer within 10000 ms/);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(9_900);
+    expect(destroyed).toBe(1);
+  }, 20_000);
 
   it('works on a pool whose connections are in manual-commit mode (autocommit=0): renewals commit', async () => {
     const table = freshTable();
