@@ -181,7 +181,7 @@ describe('postgres sessions', () => {
   });
 
   it('a Locks client holding 200 leases sends one keep-alive statement per interval and no renewals', async () => {
-    const inner = new pg.Pool({ connectionString: PG_URL, max: 4 });
+    const inner = new pg.Pool({ connectionString: PG_URL, max: 8 });
     track({ close: () => inner.end() });
     const statements: string[] = [];
     const pool: PgPool = {
@@ -211,7 +211,8 @@ describe('postgres sessions', () => {
       },
     });
     const locks = track(new Locks({ backend: wrapped }));
-    const ttlMs = 900;
+    // the first keep-alive queues in the pool behind the 200 grants: the ttl leaves them room on a busy machine
+    const ttlMs = 2_000;
     const leases = await Promise.all(Array.from({ length: 200 }, (_, i) => locks.acquire(`many/${i}`, { ttlMs })));
     expect(counts.open).toBe(1);
     const keepAlivesBefore = counts.keepAlive ?? 0;
