@@ -2,6 +2,7 @@ import { InvalidArgumentError, PartialWriteError, StaleTokenError } from '../cor
 import { FENCE_GUARD_OPTIONS, fenceTokenCheck, type Fence, type FenceGuardOptions } from '../core/fence.js';
 import type { TokenInput } from '../core/token.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
+import { tableOnFirstUse } from './table.js';
 import { retryLockConflicts, withGuardedTransaction } from './transaction.js';
 import { checkMysqlIdentifier, checkPool, mapMysqlError, quoteMysql, type MysqlConnection, type MysqlPool } from './util.js';
 
@@ -56,9 +57,10 @@ export function mysqlFence(pool: MysqlPool, options?: MysqlFenceOptions): Fence<
   const o = checkObject(options, 'options');
   checkKnownOptions(o, ['table', ...FENCE_GUARD_OPTIONS], 'options');
   const readToken = fenceTokenCheck(o);
-  const table = quoteMysql(checkMysqlIdentifier(o.table ?? 'leasehold_fences', 'table'));
+  const name = checkMysqlIdentifier(o.table ?? 'leasehold_fences', 'table');
+  const table = quoteMysql(name);
 
-  /** Resource names are keys: up to 1024 UTF-8 bytes, compared byte by byte. */
+  /** Resource names are keys: up to 1024 UTF-8 bytes, compared byte by byte. Created on first use when missing. */
   const CREATE = `CREATE TABLE IF NOT EXISTS ${table} (
     resource VARBINARY(1024) NOT NULL PRIMARY KEY,
     token BIGINT UNSIGNED NOT NULL,
@@ -78,16 +80,7 @@ export function mysqlFence(pool: MysqlPool, options?: MysqlFenceOptions): Fence<
   const READ_LOCKED = `SELECT CAST(token AS CHAR) AS token, CAST(updated_at AS CHAR) AS stamp FROM ${table} WHERE resource = ? FOR UPDATE`;
   const READ = `SELECT CAST(token AS CHAR) AS token, CAST(updated_at AS CHAR) AS stamp FROM ${table} WHERE resource = ?`;
 
-  let ready: Promise<void> | undefined;
-  /** Once per fence; concurrent first uses in many processes are serialised by the server's metadata lock (IF NOT EXISTS). */
-  const ensure = (): Promise<void> =>
-    (ready ??= pool.query(CREATE).then(
-      () => undefined,
-      (error: unknown) => {
-        ready = undefined;
-        throw mapMysqlError('create fence table', error);
-      },
-    ));
+  const ensure = tableOnFirstUse(pool, name, CREATE, 'create fence table');
 
   const readMark = async (db: MysqlPool | MysqlConnection, sql: string, resource: string): Promise<MarkRow | undefined> => {
     const [rows] = await db.query(sql, [resource]);

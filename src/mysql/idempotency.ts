@@ -1,6 +1,7 @@
 import { InvalidArgumentError, PartialWriteError, StaleTokenError } from '../core/errors.js';
 import type { IdempotencyRecord, TransactionalIdempotencyStore } from '../core/idempotency.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
+import { tableOnFirstUse } from './table.js';
 import { retryLockConflicts, withGuardedTransaction, type GuardedTransaction } from './transaction.js';
 import { checkMysqlIdentifier, checkPool, mapMysqlError, quoteMysql, type MysqlConnection, type MysqlPool } from './util.js';
 
@@ -82,16 +83,7 @@ export function mysqlIdempotencyStore(pool: MysqlPool, options?: MysqlIdempotenc
   const LOCK_EXPIRED = `SELECT \`key\` FROM ${table} WHERE \`key\` IN (?) AND expires_at <= UTC_TIMESTAMP(6) FOR UPDATE SKIP LOCKED`;
   const PURGE = `DELETE FROM ${table} WHERE \`key\` IN (?)`;
 
-  let ready: Promise<void> | undefined;
-  /** Once per store; concurrent first uses in many processes are serialised by the server's metadata lock (IF NOT EXISTS). */
-  const ensure = (): Promise<void> =>
-    (ready ??= pool.query(CREATE).then(
-      () => undefined,
-      (error: unknown) => {
-        ready = undefined;
-        throw mapMysqlError('create idempotency table', error);
-      },
-    ));
+  const ensure = tableOnFirstUse(pool, name, CREATE, 'create idempotency table');
 
   const rowsOf = async <T>(answer: Promise<[unknown, unknown]>): Promise<T[]> => (await answer)[0] as T[];
   const toRecord = (row: RecordRow): IdempotencyRecord => ({

@@ -61,6 +61,36 @@ describe('mysqlFence table setup', () => {
     }
   });
 
+  it('a user granted only SELECT, INSERT, UPDATE, DELETE on tables an administrator created: the fence and the store never run CREATE and work', async () => {
+    const marks = table('lh_fgrant');
+    const records = table('lh_igrant');
+    const user = uniqueName('lh_u');
+    // the administrator's tables, made by the factories themselves under root
+    await mysqlFence(admin, { table: marks }).highest('r');
+    await mysqlIdempotencyStore(admin, { table: records }).get('k');
+    await admin.query(`CREATE USER '${user}'@'%' IDENTIFIED BY ''`);
+    try {
+      for (const t of [marks, records]) await admin.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ${t} TO '${user}'@'%'`);
+      const url = new URL(MYSQL_URL);
+      url.username = user;
+      const limited = mysql.createPool({ uri: url.toString(), connectionLimit: 2 });
+      try {
+        // without the lookup first, CREATE TABLE IF NOT EXISTS fails on the CREATE privilege
+        await expect(limited.query(`CREATE TABLE IF NOT EXISTS ${marks} (a INT)`)).rejects.toMatchObject({ code: 'ER_TABLEACCESS_DENIED_ERROR' });
+        const fence = mysqlFence(limited, { table: marks });
+        await fence.write('r', 2n, () => {});
+        expect(await fence.highest('r')).toBe(2n);
+        const store = mysqlIdempotencyStore(limited, { table: records });
+        await store.put('k', 1n, { state: 'completed', token: 1n, payloadHash: '', value: '1' }, 60_000);
+        expect(await store.get('k')).toMatchObject({ state: 'completed', token: 1n });
+      } finally {
+        await limited.end();
+      }
+    } finally {
+      await admin.query(`DROP USER '${user}'@'%'`);
+    }
+  });
+
   it('refuses what is not a pool, unknown options and bad table names, before touching the server', () => {
     expect(() => mysqlFence({} as never)).toThrow(InvalidArgumentError);
     expect(() => mysqlFence({} as never)).toThrow(/mysql2\/promise Pool/);
