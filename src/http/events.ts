@@ -103,8 +103,7 @@ export class KeyEvents {
           },
           () => again(),
         );
-      }, HTTP_DEFAULTS.reconnectMs);
-      retry.unref();
+      }, HTTP_DEFAULTS.reconnectMs); // ref'd, as the stream's socket is: a watch holds the process until it stops
     };
 
     await connect();
