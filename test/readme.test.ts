@@ -20,6 +20,7 @@ const exampleEnv: NodeJS.ProcessEnv = {
   ...process.env,
   LEASEHOLD_URL: '',
   DATABASE_URL: process.env.LEASEHOLD_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+  MYSQL_URL: process.env.LEASEHOLD_TEST_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test',
   REDIS_URL: process.env.LEASEHOLD_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379',
 };
 
@@ -27,13 +28,14 @@ const exampleEnv: NodeJS.ProcessEnv = {
  * What each example prints, found by a phrase of its code (so reordering the README is fine, and a
  * new example fails until its output is pinned here). Exact where the output is deterministic (each
  * example runs in a fresh directory, so the embedded store starts empty); token numbers from shared
- * servers (PostgreSQL, Redis, etcd) grow from run to run, so those are patterns.
+ * servers (PostgreSQL, MariaDB, Redis, etcd) grow from run to run, so those are patterns.
  */
 const EXPECTED_OUTPUT: [phrase: string, output: string | RegExp][] = [
   ['sqliteFence(db)', 'document 42, recomputed\n'],
   // parseSequencer's result, then tryAcquire on the key the example holds: busy, so null
   ['parseSequencer(lease.sequencer)', "{ version: 1, key: 'tenant:42:export', mode: 'exclusive', token: 1n }\nnull\n"],
   ['postgresFence(pool)', /^exported under token [1-9]\d*\n$/],
+  ['mysqlFence(pool)', /^invoiced under token [1-9]\d*\n$/],
   ['redisFence(client', /^written under token [1-9]\d*\n$/],
   ['etcdBackend({ hosts })', /^leader under token [1-9]\d* \(ttl 2000 ms\)\n$/],
   ['api:quota', "[ 1n, 2n, 3n ]\nnull\n3 [ 'worker-1', 'worker-2', 'worker-3' ]\n"],
