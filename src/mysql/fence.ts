@@ -45,9 +45,10 @@ interface MarkRow {
  * - committed, or maybe committed: PartialWriteError. The mark and what mutate ran before the
  *   statement that ended the transaction were committed together (the mark read back at this
  *   token with this write's time says certainly; else it says "may have been"). Detected by the
- *   flag, the statement's successors are refused, so nothing more of mutate runs; detected only by
- *   the savepoint, what mutate ran after it was committed or rolled back with the transaction it
- *   began and the fence rolls that one back.
+ *   flag, mutate's later calls are refused, so nothing more of it runs (but the statements after
+ *   the end in the same multi-statement string ran in autocommit mode, each committed on its own);
+ *   detected only by the savepoint, what mutate ran after the end was in a transaction it began,
+ *   which the fence rolls back.
  *
  * Statements sent around the view (`conn.connection`, a prepared statement's own `execute`) are
  * not checked one by one; the savepoint still catches their end of the transaction at COMMIT.

@@ -89,6 +89,8 @@ const STATEMENT_METHODS: ReadonlySet<string> = new Set(['query', 'execute', 'pre
 interface Ended {
   /** The server rolled it back itself (a deadlock): certainly nothing committed. */
   readonly rolledBack: boolean;
+  /** Found after a statement of the function failed (rather than after one that succeeded, or at the savepoint). */
+  readonly failed: boolean;
   readonly cause: unknown;
 }
 
@@ -146,16 +148,16 @@ export async function withGuardedTransaction<R>(pool: MysqlPool, options: Guarde
           noteFatal(error);
           // A broken connection is not an end the store must explain: the server rolls back what it had not committed.
           if (broken || ended) throw error;
-          if (mysqlCode(error) === 'ER_LOCK_DEADLOCK') ended = { rolledBack: true, cause: error };
+          if (mysqlCode(error) === 'ER_LOCK_DEADLOCK') ended = { rolledBack: true, failed: true, cause: error };
           else {
             // Most failed statements undo only themselves; a few end the transaction (DDL commits before it runs).
             const probe = await conn.query(PROBE).catch((e: unknown) => (noteFatal(e), undefined));
-            if (probe === undefined || !inTransaction(probe)) ended = { rolledBack: false, cause: error };
+            if (probe === undefined || !inTransaction(probe)) ended = { rolledBack: false, failed: true, cause: error };
           }
           throw error; // the statement's own error reaches the function unchanged
         }
         if (method !== 'prepare' && !inTransaction(result)) {
-          ended ??= { rolledBack: false, cause: undefined };
+          ended ??= { rolledBack: false, failed: false, cause: undefined };
           endedMisuse ??= new InvalidArgumentError(
             options.who,
             `${options.who} ran a statement that ended ${options.what} (a COMMIT or ROLLBACK inside a multi-statement string, DDL or another implicit commit, a stored procedure that commits); its later statements are refused`,
@@ -208,10 +210,10 @@ export async function withGuardedTransaction<R>(pool: MysqlPool, options: Guarde
       if (!ended && savepoint !== undefined && !broken) {
         try {
           const released = await conn.query(RELEASE_SAVEPOINT);
-          if (!inTransaction(released)) ended = { rolledBack: false, cause: undefined };
+          if (!inTransaction(released)) ended = { rolledBack: false, failed: false, cause: undefined };
         } catch (error) {
           noteFatal(error);
-          if (mysqlCode(error) === 'ER_SP_DOES_NOT_EXIST') ended = { rolledBack: false, cause: error };
+          if (mysqlCode(error) === 'ER_SP_DOES_NOT_EXIST') ended = { rolledBack: false, failed: false, cause: error };
           else if (!failed && !guard.misuse) throw mapMysqlError('release savepoint', error);
         }
       }
@@ -229,17 +231,17 @@ export async function withGuardedTransaction<R>(pool: MysqlPool, options: Guarde
           }
         }
         if (committed !== false) {
-          const problem =
-            committed === true
-              ? `${options.who} ended ${options.what} itself and it was committed, with what ${options.who} had run before that; nothing of ${options.who} ran after it`
-              : `${options.who} ended ${options.what} itself (or its connection broke) and it may have been committed, with what ${options.who} had run before that; nothing of ${options.who} ran after it`;
+          const how = committed === true ? 'it was committed' : 'it may have been committed';
+          const problem = `${options.who} ended ${options.what} itself and ${how}, with what ${options.who} had run before that (and the statements after it in the same multi-statement string, each committed on its own); the rest of ${options.who} was refused or rolled back`;
           throw options.partial(problem, committed === true, cause);
         }
         if (misuse) throw misuse;
         if (failed) throw thrown;
         throw new InvalidArgumentError(
           options.who,
-          `a statement inside ${options.who} failed and the server rolled back ${options.what} (${mysqlCode(cause) ?? 'ended'}); ${options.who} carried on as if it had not; nothing was committed`,
+          ended.failed
+            ? `a statement inside ${options.who} failed (${mysqlCode(cause) ?? 'error'}) and the server rolled back ${options.what}; ${options.who} carried on as if it had not; nothing was committed`
+            : `${options.who} rolled back ${options.what} itself (a ROLLBACK the guard could not see: a prepared statement, a stored procedure, a multi-statement string); nothing was committed`,
           { cause },
         );
       }
