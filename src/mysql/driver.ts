@@ -7,7 +7,10 @@ import { createRequire } from 'node:module';
 import type * as Mysql from 'mysql2/promise';
 import { requirePeer } from '../core/peer.js';
 
-const driver = requirePeer<typeof Mysql>(createRequire(import.meta.url), 'mysql2/promise', 'leasehold/mysql');
+const require = createRequire(import.meta.url);
+// The package is looked for by its own name first, so a missing one is named as `npm install` takes it (not mysql2/promise).
+requirePeer(require, 'mysql2', 'leasehold/mysql');
+const driver = require('mysql2/promise') as typeof Mysql;
 
 export const { createPool, createConnection } = driver;
 export type Pool = Mysql.Pool;
