@@ -102,6 +102,7 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
     operationTimeoutMs,
     events: new TypedEmitter<LockEvents>(),
     closing: closing.signal,
+    acquiring: new Set(),
   };
 
   const timeouts = { ...o.timeouts };
@@ -150,6 +151,8 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
   });
   app.addHook('preClose', async () => {
     closing.abort(new ClosedError('lock server'));
+    // Each waiting acquire now ends (503 CLOSED) and its answer is written before close() cuts the connections.
+    await Promise.allSettled([...ctx.acquiring]);
   });
   app.addHook('onClose', async () => {
     await ctx.locks.close();

@@ -27,6 +27,8 @@ export interface ServeContext {
   readonly events: TypedEmitter<LockEvents>;
   /** Aborted when the server starts closing: long polls end (503 CLOSED) instead of holding close() up. */
   readonly closing: AbortSignal;
+  /** Acquire requests in flight (long polls among them): close() lets them answer before connections are cut. */
+  readonly acquiring: Set<Promise<unknown>>;
 }
 
 /** A route module: registers its routes on the app (see app.ts for the order). */

@@ -75,9 +75,15 @@ const checkSchema = {
 };
 
 export const lockRoutes: RouteModule = (app, ctx) => {
-  app.post('/v1/locks/:key/acquire', { schema: acquireSchema }, async (request, reply) =>
-    acquire(ctx, request as FastifyRequest<{ Params: { key: string }; Body: AcquireBody }>, reply),
-  );
+  app.post('/v1/locks/:key/acquire', { schema: acquireSchema }, (request, reply) => {
+    const answer = acquire(ctx, request as FastifyRequest<{ Params: { key: string }; Body: AcquireBody }>, reply);
+    ctx.acquiring.add(answer);
+    const done = (): void => {
+      ctx.acquiring.delete(answer);
+    };
+    answer.then(done, done);
+    return answer;
+  });
 
   app.get('/v1/locks', { schema: listSchema }, async (request) => {
     const caller = callerOf(request);
