@@ -70,3 +70,12 @@ it('reads events split across chunks, multi-line data and CRLF line ends; skips 
     ['message', 'x'],
   ]);
 });
+
+it('close() ends the event streams of the watches still open, and no reconnect follows', async () => {
+  await backend.watch!('job', () => {});
+  expect(streams).toHaveLength(1);
+  await backend.close();
+  await eventually(() => streams[0]!.closed, 5_000);
+  await new Promise((r) => setTimeout(r, 1_500)); // past the reconnect delay
+  expect(streams).toHaveLength(1);
+});
