@@ -182,7 +182,7 @@ class HttpBackend {
   async #inspect(prefix: string): Promise<KeyState[]> {
     const query = prefix === '' ? '' : `?prefix=${encodeURIComponent(prefix)}`;
     const answer = await this.#transport.send({ method: 'GET', path: `/v1/locks${query}`, what: 'inspect' });
-    if (answer.status !== 200) throw answerError(answer, 'inspect', this.#transport.where);
+    if (answer.status !== 200) throw answerError(answer, 'inspect', this.#transport.where, 'prefix');
     const locks = (answer.body as { locks?: unknown } | undefined)?.locks;
     if (!Array.isArray(locks)) throw unavailable('inspect: the answer has no locks list');
     return locks.map(keyState);

@@ -23,8 +23,8 @@ export function errorBody(answer: Answer): ErrorBody {
  *
  * - 400 / 413: the input was refused, nothing changed: `InvalidArgumentError` naming the field the
  *   server blames (`limit`, `ttlMs`, …), or `request` when it names none.
- * - 401: `InvalidArgumentError('token')`; 403: `InvalidArgumentError('key')` (outside the caller's
- *   prefixes). Neither gets better by asking again, so core gives up at once.
+ * - 401: `InvalidArgumentError('token')`; 403: `InvalidArgumentError('key')` (or `prefix`, for a
+ *   listing: outside the caller's prefixes). Neither gets better by asking again, so core gives up at once.
  * - 404 (an unknown route) and 501: `InvalidArgumentError('url')`: not a lock service of this
  *   version at that URL, or a route its backend does not support.
  * - 429, 5xx (503 BACKEND_UNAVAILABLE, a proxy's 502), anything else: `BackendUnavailableError`
@@ -33,7 +33,7 @@ export function errorBody(answer: Answer): ErrorBody {
  * The answers a call expects (409 busy, 410 lost, a 404 of a gone session) are read by the call
  * itself before it comes here.
  */
-export function answerError(answer: Answer, what: string, where: string): LeaseholdError {
+export function answerError(answer: Answer, what: string, where: string, forbidden: 'key' | 'prefix' = 'key'): LeaseholdError {
   const e = errorBody(answer);
   const said = e.message ?? e.code ?? 'no reason given';
   switch (answer.status) {
@@ -45,7 +45,7 @@ export function answerError(answer: Answer, what: string, where: string): Leaseh
     case 401:
       return new InvalidArgumentError('token', `the lock service refused the credentials for ${what} (401 ${e.code ?? 'UNAUTHORIZED'}): ${said}`);
     case 403:
-      return new InvalidArgumentError('key', `${what} was refused (403 ${e.code ?? 'FORBIDDEN'}): ${said}`);
+      return new InvalidArgumentError(forbidden, `${what} was refused (403 ${e.code ?? 'FORBIDDEN'}): ${said}`);
     case 404:
     case 501:
       return new InvalidArgumentError(

@@ -68,7 +68,7 @@ export class KeyEvents {
 
     const connect = async (): Promise<void> => {
       const opened = await transport.stream({ path: `/v1/events?prefix=${encodeURIComponent(key)}`, what: 'events' });
-      if ('status' in opened) throw answerError(opened, 'events', transport.where);
+      if ('status' in opened) throw answerError(opened, 'events', transport.where, 'prefix');
       if (stopped) {
         opened.stop();
         return;

@@ -107,13 +107,14 @@ describe('over a server with --auth', () => {
     }
   });
 
-  it("a key outside the caller's prefixes is InvalidArgumentError(key); inspect shows only the caller's keys", async () => {
+  it("a key outside the caller's prefixes is InvalidArgumentError(key), a prefix InvalidArgumentError(prefix); inspect shows only the caller's keys", async () => {
     const a = client({ token: 'token-a' });
     const error = await a.acquire('b/1', { ttlMs: 5_000, waitMs: 60_000 }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(InvalidArgumentError);
     expect((error as InvalidArgumentError).argument).toBe('key');
     const lease = await a.acquire('a/mine', { ttlMs: 5_000 });
     expect((await a.inspect('')).map((s) => s.key)).toEqual(['a/mine']);
+    await expect(a.inspect('b/')).rejects.toMatchObject({ name: 'InvalidArgumentError', argument: 'prefix' });
     await lease.release();
   });
 });
