@@ -18,6 +18,7 @@ import { requirePeer } from '../core/peer.js';
 import { checkInteger, describe, MAX_DURATION_MS } from '../core/validate.js';
 import { backendLoader } from '../connect.js';
 import { authenticate, type AuthConfig } from './auth.js';
+import { CallerRateStore } from './rate-limit.js';
 import { callerOf, setCaller, type RouteModule, type ServeContext } from './context.js';
 import { sendError, ServiceError, unauthorized } from './errors.js';
 import { healthRoutes } from './routes/health.js';
@@ -160,6 +161,7 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
 
   await app.register(rateLimit.default, {
     global: true,
+    store: CallerRateStore,
     max: o.rateLimit ?? SERVE_DEFAULTS.rateLimit,
     timeWindow: 1_000,
     keyGenerator: (request: FastifyRequest) => `caller:${callerOf(request).name}`,
