@@ -24,10 +24,15 @@ async function waiters(key: string): Promise<number> {
   return (await testLocks().inspect(key)).find((s) => s.key === key)?.waiters ?? 0;
 }
 
-/** The "key deleted by an operator" scenario: remove every holder row of `key` behind the holder's back. */
+/**
+ * The "key deleted by an operator" scenario: remove every holder row of `key` behind the holder's
+ * back, and the sessions they are bound to (a session keeps its holders alive: the client learns of
+ * the loss when its session's keep-alive finds the session gone).
+ */
 function deleteHolderRows(key: string): number {
   const db = new Database(sb.db, { timeout: 5_000 });
   try {
+    db.prepare('DELETE FROM leasehold_locks_sessions WHERE id IN (SELECT session FROM leasehold_locks WHERE key = ?)').run(key);
     return db.prepare('DELETE FROM leasehold_locks WHERE key = ?').run(key).changes;
   } finally {
     db.close();
@@ -209,7 +214,9 @@ describe('leasehold run', () => {
     expect(r.stdout).toMatch(/^child got SIGTERM$/m);
     expect(r.code).toBe(128 + 15);
     expect(r.errLines).toHaveLength(1);
-    expect(r.errLines[0]).toMatch(/^leasehold: lost the lease on job \(token 1\): .*\((not-held|expired)\); sending SIGTERM to .*SIGKILL after 10s$/);
+    expect(r.errLines[0]).toMatch(
+      /^leasehold: lost the lease on job \(token 1\): .*\((not-held|expired|session-lost)\); sending SIGTERM to .*SIGKILL after 10s$/,
+    );
   });
 
   it('sends SIGKILL after --grace to a COMMAND that ignores SIGTERM', async () => {

@@ -239,6 +239,25 @@ describe('sqlite sessions', () => {
     expect(states.every((k) => k.holders.length === 1 && k.holders[0]!.expiresInMs > ttlMs / 3)).toBe(true);
   });
 
+  it('storage layout: an operator who deletes a session row takes every lease of that client away (signalled at its next keep-alive)', async () => {
+    const path = file();
+    const locks = new Locks({ backend: open(path) });
+    cleanups.push(() => locks.close());
+    const leases = await Promise.all(['op/1', 'op/2'].map((k) => locks.acquire(k, { ttlMs: 600 })));
+    const db = new Database(path, { timeout: 5_000 });
+    try {
+      expect(db.prepare('DELETE FROM leasehold_locks_sessions').run().changes).toBe(1);
+    } finally {
+      db.close();
+    }
+    expect(await eventually(() => leases.every((l) => l.signal.aborted), 3_000)).toBe(true);
+    for (const l of leases) expect((l.signal.reason as { reason?: string }).reason).toBe('session-lost');
+    // their rows are no longer kept alive: the keys are free once the last keep-alive's time runs out
+    const other = new Locks({ backend: open(path) });
+    cleanups.push(() => other.close());
+    expect((await other.acquire('op/1', { ttlMs: 600, waitMs: 3_000 })).token).toBeGreaterThan(leases[0]!.token);
+  });
+
   it('sessions: false offers none; each lease is renewed on its own', async () => {
     const b = open(file(), { sessions: false });
     expect(b.sessions).toBeUndefined();
