@@ -54,6 +54,7 @@ export {
   type LossReason,
 } from './core/errors.js';
 export { parseSequencer, formatSequencer, toToken, MAX_TOKEN, type Sequencer, type TokenInput } from './core/token.js';
+export { signSequencer, verifySequencer, MIN_SEQUENCER_SECRET_BYTES, type SequencerKey, type SequencerKeys } from './core/sequencer-sign.js';
 export type { Fence, FenceGuardOptions, FenceWriteOptions } from './core/fence.js';
 export type {
   Backend,

@@ -31,6 +31,12 @@ export function toToken(value: unknown, argument = 'token'): bigint {
  * A sequencer names a grant: `lh1.<e|s>.<token>.<base64url(key)>`. Versioned (`lh1`), printable
  * ASCII made only of HTTP token characters (safe in a header), the key encoded so that any key
  * round-trips. It starts with a letter, so it can never be mistaken for a decimal token.
+ *
+ * A lock service started with a sequencer key signs its sequencers:
+ * `lh1s.<e|s>.<token>.<base64url(key)>.<base64url(signature)>` (see sequencer-sign.ts). The
+ * distinct tag means a parser that knows only `lh1.` refuses a signed sequencer outright instead of
+ * misreading it; this one reads both forms and ignores the signature, which only
+ * `verifySequencer` (or a fence given a `sequencerKey`) checks.
  */
 export interface Sequencer {
   readonly version: 1;
@@ -39,9 +45,25 @@ export interface Sequencer {
   readonly token: bigint;
 }
 
+/** A sequencer as read, with the parts a signature covers (for sequencer-sign.ts). */
+export interface SequencerParts {
+  readonly sequencer: Sequencer;
+  /** The unsigned fields `<e|s>.<token>.<base64url(key)>`, exactly as written. */
+  readonly fields: string;
+  /** The signature's base64url text, or undefined for an unsigned (`lh1.`) sequencer. */
+  readonly signature: string | undefined;
+}
+
 const SEQUENCER_PREFIX = 'lh';
-const SEQUENCER_V1 = /^lh1\.([es])\.([1-9][0-9]{0,18})\.([A-Za-z0-9_-]+)$/;
-/** A sequencer of the longest key is about 1.4 KB; anything far longer is garbage. */
+const FIELDS = '([es])\\.([1-9][0-9]{0,18})\\.([A-Za-z0-9_-]+)';
+const SEQUENCER_V1 = new RegExp(`^lh1\\.${FIELDS}$`);
+/**
+ * The signed form: an HMAC-SHA-256 (32 bytes, 43 characters) or an Ed25519 signature (64 bytes,
+ * 86 characters). The form does not say which: the verifier's key decides the algorithm, so a
+ * sequencer cannot talk a verifier into a weaker check (JWT's `alg: none`).
+ */
+const SEQUENCER_V1_SIGNED = new RegExp(`^lh1s\\.${FIELDS}\\.([A-Za-z0-9_-]{43}|[A-Za-z0-9_-]{86})$`);
+/** A sequencer of the longest key is about 1.4 KB, 1.5 KB signed; anything far longer is garbage. */
 const MAX_SEQUENCER_LENGTH = 2048;
 const utf8Strict = new TextDecoder('utf-8', { fatal: true });
 
@@ -53,27 +75,49 @@ export function formatSequencer(key: string, mode: LockMode, token: bigint): str
   return `lh1.${mode === 'exclusive' ? 'e' : 's'}.${token}.${encoded}`;
 }
 
+/** Reads a sequencer, signed (`lh1s.`) or not (`lh1.`); the signature is not checked here. */
 export function parseSequencer(value: unknown, argument = 'sequencer'): Sequencer {
+  return readSequencer(value, argument).sequencer;
+}
+
+/** parseSequencer, also returning the signed fields and the signature (unchecked). */
+export function readSequencer(value: unknown, argument = 'sequencer'): SequencerParts {
   if (typeof value !== 'string') throw new InvalidArgumentError(argument, `expected a sequencer string, got ${describe(value)}`);
   if (value.length > MAX_SEQUENCER_LENGTH) throw new InvalidArgumentError(argument, `is ${value.length} characters long; not a sequencer`);
-  const m = SEQUENCER_V1.exec(value);
+  const m = SEQUENCER_V1.exec(value) ?? SEQUENCER_V1_SIGNED.exec(value);
   if (!m) {
-    if (/^lh[0-9]+\./.test(value) && !value.startsWith('lh1.')) {
-      throw new InvalidArgumentError(argument, `sequencer version ${value.slice(2, value.indexOf('.'))} is not supported (this version reads lh1)`);
+    const version = /^lh([0-9]+)s?\./.exec(value);
+    if (version && version[1] !== '1') {
+      throw new InvalidArgumentError(argument, `sequencer version ${version[1]} is not supported (this version reads lh1 and lh1s)`);
+    }
+    if (value.startsWith('lh1s.')) {
+      throw new InvalidArgumentError(argument, `not a well-formed signed sequencer (expected lh1s.<e|s>.<token>.<key>.<signature>): ${describe(value)}`);
     }
     throw new InvalidArgumentError(argument, `not a leasehold sequencer (expected lh1.<e|s>.<token>.<key>): ${describe(value)}`);
   }
-  const [, modeChar, tokenText, encodedKey] = m as unknown as [string, string, string, string];
+  const [, modeChar, tokenText, encodedKey, signature] = m as unknown as [string, string, string, string, string | undefined];
   const token = checkToken(BigInt(tokenText), argument);
   let key: string;
   try {
-    const bytes = Buffer.from(encodedKey, 'base64url');
-    // Canonical encoding only: a sequencer that does not re-encode to itself was not made by us.
-    if (bytes.toString('base64url') !== encodedKey) throw new Error('non-canonical base64url');
-    key = utf8Strict.decode(bytes);
+    key = utf8Strict.decode(canonicalBase64url(encodedKey));
   } catch (cause) {
     throw new InvalidArgumentError(argument, 'its key part is not valid base64url-encoded UTF-8', { cause });
   }
   checkKey(key, `${argument} key`);
-  return Object.freeze({ version: 1, key, mode: modeChar === 'e' ? 'exclusive' : 'shared', token });
+  if (signature !== undefined) {
+    try {
+      canonicalBase64url(signature);
+    } catch (cause) {
+      throw new InvalidArgumentError(argument, 'its signature part is not canonical base64url', { cause });
+    }
+  }
+  const sequencer: Sequencer = Object.freeze({ version: 1, key, mode: modeChar === 'e' ? 'exclusive' : 'shared', token });
+  return Object.freeze({ sequencer, fields: `${modeChar}.${tokenText}.${encodedKey}`, signature });
+}
+
+/** Decodes base64url, refusing any text that does not re-encode to itself: a sequencer not made by us. */
+function canonicalBase64url(text: string): Buffer {
+  const bytes = Buffer.from(text, 'base64url');
+  if (bytes.toString('base64url') !== text) throw new Error('non-canonical base64url');
+  return bytes;
 }

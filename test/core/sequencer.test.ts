@@ -39,15 +39,22 @@ describe('sequencer', () => {
 
   it('garbage gets InvalidArgumentError, never a crash or a wrong answer', () => {
     fc.assert(
-      fc.property(fc.string({ maxLength: 300 }), (s) => {
-        try {
-          const parsed = parseSequencer(s);
-          // anything accepted must be canonical: it formats back to itself
-          expect(formatSequencer(parsed.key, parsed.mode, parsed.token)).toBe(s);
-        } catch (error) {
-          expect(error).toBeInstanceOf(InvalidArgumentError);
-        }
-      }),
+      fc.property(
+        fc.oneof(
+          fc.string({ maxLength: 300 }),
+          fc.string({ maxLength: 300 }).map((t) => `lh1s.${t}`),
+        ),
+        (s) => {
+          try {
+            const parsed = parseSequencer(s);
+            // anything accepted must be canonical: it formats back to itself (a signed one, to its unsigned fields)
+            const unsigned = s.startsWith('lh1s.') ? `lh1.${s.slice(5, s.lastIndexOf('.'))}` : s;
+            expect(formatSequencer(parsed.key, parsed.mode, parsed.token)).toBe(unsigned);
+          } catch (error) {
+            expect(error).toBeInstanceOf(InvalidArgumentError);
+          }
+        },
+      ),
       { numRuns: 2000 },
     );
     fc.assert(
@@ -69,6 +76,16 @@ describe('sequencer', () => {
     expect(() => parseSequencer('lh1.e.1.YR')).toThrow(/base64url/); // non-canonical encoding of "a"
     expect(() => parseSequencer('lh1.e.1.gA')).toThrow(/UTF-8/); // a lone continuation byte
     expect(() => parseSequencer('x'.repeat(5000))).toThrow(/not a sequencer/);
+    // the signed form (lh1s.): its signature is read, not checked, here
+    const mac = 'A'.repeat(43);
+    expect(parseSequencer(`lh1s.s.9.YQ.${mac}`)).toEqual({ version: 1, key: 'a', mode: 'shared', token: 9n });
+    expect(toToken(`lh1s.e.9.YQ.${'A'.repeat(86)}`)).toBe(9n);
+    expect(() => parseSequencer('lh1s.e.9.YQ')).toThrow(/not a well-formed signed sequencer/);
+    expect(() => parseSequencer(`lh1s.e.9.YQ.${mac}A`)).toThrow(/not a well-formed signed sequencer/); // 44 characters: neither HMAC nor Ed25519
+    expect(() => parseSequencer(`lh1s.e.9.YQ.${'A'.repeat(42)}B`)).toThrow(/signature part is not canonical/);
+    expect(() => parseSequencer(`lh1s.e.9.YR.${mac}`)).toThrow(/base64url/);
+    expect(() => parseSequencer(`lh2s.e.9.YQ.${mac}`)).toThrow(/version 2 is not supported/);
+    expect(() => parseSequencer(`lh1.e.9.YQ.${mac}`)).toThrow(/not a leasehold sequencer/);
     expect(() => toToken('0')).toThrow(InvalidArgumentError);
     expect(() => toToken('007')).toThrow(InvalidArgumentError);
     expect(() => toToken(7)).toThrow(/expected a bigint/);
