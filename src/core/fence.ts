@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from './errors.js';
+import { sequencerVerifier, type SequencerKeys } from './sequencer-sign.js';
 import { parseSequencer, toToken, type TokenInput } from './token.js';
 import { checkBoolean, checkKey, checkKnownOptions, checkObject, describe } from './validate.js';
 
@@ -53,12 +54,21 @@ export interface FenceGuardOptions {
    * accepted unchecked, since it names no key. @default false
    */
   requireSequencer?: boolean;
+  /**
+   * The lock service's sequencer key (what `leasehold serve --sequencer-key` signs with; for an
+   * Ed25519 key pair, its public key): the fence then accepts only sequencers that verify with it,
+   * and refuses bare tokens, unsigned sequencers and forged ones with InvalidArgumentError
+   * (`token`), nothing changed. The key file's text, bytes, a KeyObject, or several for rotation
+   * (any verifies). With a shared secret, whoever holds it can also sign: see `verifySequencer`.
+   * @default none (a signed sequencer is read like an unsigned one, its signature unchecked)
+   */
+  sequencerKey?: SequencerKeys;
 }
 
 /** The names of FenceGuardOptions, for each factory's list of known options. */
-export const FENCE_GUARD_OPTIONS: readonly string[] = Object.freeze(['lockKey', 'requireSequencer']);
+export const FENCE_GUARD_OPTIONS: readonly string[] = Object.freeze(['lockKey', 'requireSequencer', 'sequencerKey']);
 
-/** Reads a write's token and checks it against the lock key that guards the resource. */
+/** Reads a write's token and checks it against the lock key that guards the resource (and, with `sequencerKey`, its signature). */
 export type FenceTokenCheck = (resource: string, token: TokenInput, options: unknown) => bigint;
 
 /**
@@ -72,6 +82,8 @@ export function fenceTokenCheck(factoryOptions: Record<string, unknown>): FenceT
     throw new InvalidArgumentError('options.lockKey', `expected a function (resource) => lock key | undefined, got ${describe(lockKeyOf)}`);
   }
   const requireSequencer = factoryOptions.requireSequencer === undefined ? false : checkBoolean(factoryOptions.requireSequencer, 'options.requireSequencer');
+  // Keys are read and checked once, here: a bad key fails the factory, not every write.
+  const verify = factoryOptions.sequencerKey === undefined ? undefined : sequencerVerifier(factoryOptions.sequencerKey, 'options.sequencerKey');
 
   return (resource, token, options) => {
     let expected: string | undefined;
@@ -84,6 +96,18 @@ export function fenceTokenCheck(factoryOptions: Record<string, unknown>): FenceT
       const key: unknown = (lockKeyOf as (r: string) => unknown)(resource);
       if (key !== undefined) expected = checkKey(key, 'lockKey');
     }
+    if (verify !== undefined) {
+      if (typeof token !== 'string' || !token.startsWith('lh')) {
+        toToken(token); // a malformed token is named as such first
+        throw new InvalidArgumentError(
+          'token',
+          `this fence accepts only sequencers signed by the lock service (sequencerKey): a bare token names no issuer and anyone can make one up; got ${describe(token)} (nothing was changed)`,
+        );
+      }
+      const s = verify(token, 'token');
+      if (expected !== undefined && s.key !== expected) throw otherLock(s.key, s.token, resource, expected);
+      return s.token;
+    }
     if (expected === undefined || typeof token !== 'string' || !token.startsWith('lh')) {
       const t = toToken(token);
       if (expected !== undefined && requireSequencer) {
@@ -95,14 +119,16 @@ export function fenceTokenCheck(factoryOptions: Record<string, unknown>): FenceT
       return t;
     }
     const s = parseSequencer(token, 'token');
-    if (s.key !== expected) {
-      throw new InvalidArgumentError(
-        'token',
-        `the sequencer names lock ${JSON.stringify(s.key)}, but resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}; its token ${s.token} means nothing here (nothing was changed)`,
-      );
-    }
+    if (s.key !== expected) throw otherLock(s.key, s.token, resource, expected);
     return s.token;
   };
+}
+
+function otherLock(key: string, token: bigint, resource: string, expected: string): InvalidArgumentError {
+  return new InvalidArgumentError(
+    'token',
+    `the sequencer names lock ${JSON.stringify(key)}, but resource ${JSON.stringify(resource)} is guarded by lock ${JSON.stringify(expected)}; its token ${token} means nothing here (nothing was changed)`,
+  );
 }
 
 /**

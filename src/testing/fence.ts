@@ -7,9 +7,11 @@
  * A test that needs what a harness says it lacks (`transactional: false`, no `fenceWith`) is
  * reported as skipped, with the reason: never as passed without having checked anything.
  */
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { InvalidArgumentError, StaleTokenError } from '../core/errors.js';
 import type { Fence, FenceGuardOptions } from '../core/fence.js';
+import { signSequencer } from '../core/sequencer-sign.js';
 import { formatSequencer, MAX_TOKEN } from '../core/token.js';
 
 /** What the suite needs to drive a fence: made once per suite, in `beforeAll`. */
@@ -313,6 +315,70 @@ export function fenceConformance<Tx>(name: string, make: () => Promise<FenceHarn
       expect(() => fenceWith({ requireSequencer: 'yes' as never })).toThrow(InvalidArgumentError);
       expect(await strict.highest(r)).toBe(4n);
       expect(await h.log(r)).toEqual(['own, strict']);
+    });
+
+    it('sequencerKey: only sequencers signed with the key are written; bare tokens, unsigned, forged and altered sequencers are refused (InvalidArgumentError naming token), nothing changed (harnesses with fenceWith)', async (ctx) => {
+      const fenceWith = h.fenceWith;
+      if (!fenceWith) return ctx.skip('the harness has no fenceWith(options): the factory options cannot be given');
+      const r = res('signed');
+      const lock = `lock:${r}`;
+      const secret = randomBytes(32);
+      const signed = (key: string, token: bigint, mode: 'exclusive' | 'shared' = 'exclusive'): string =>
+        signSequencer(formatSequencer(key, mode, token), secret);
+      const strict = fenceWith({ sequencerKey: secret });
+      const genuine = signed(lock, 3n);
+      await strict.write(r, genuine, (tx) => h.append(tx, r, 'genuine'));
+      const [, , , encodedKey, mac] = genuine.split('.');
+      const otherKey = Buffer.from('other-lock').toString('base64url');
+      const refused: [bigint | string, string][] = [
+        [900n, 'a bare bigint'],
+        ['900', 'a decimal token'],
+        [formatSequencer(lock, 'exclusive', 900n), 'an unsigned sequencer'],
+        [signSequencer(formatSequencer(lock, 'exclusive', 900n), randomBytes(32)), 'a sequencer signed with another key'],
+        [`lh1s.e.900.${encodedKey}.${mac}`, 'a genuine signature on a raised token'],
+        [`lh1s.s.3.${encodedKey}.${mac}`, 'a genuine signature on another mode'],
+        [`lh1s.e.3.${otherKey}.${mac}`, 'a genuine signature on another key'],
+        [`lh1.e.900.${encodedKey}.${mac}`, 'the signed fields under the unsigned tag'],
+        [`lh1s.e.900.${encodedKey}`, 'the signed tag without a signature'],
+      ];
+      for (const [token, what] of refused) {
+        let ran = false;
+        const e = await strict.write(r, token, (tx) => ((ran = true), h.append(tx, r, what))).catch((x: unknown) => x);
+        expect(e, what).toBeInstanceOf(InvalidArgumentError);
+        expect(e, what).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'token' });
+        expect(ran, what).toBe(false);
+      }
+      expect(await strict.highest(r)).toBe(3n);
+      expect(await h.log(r)).toEqual(['genuine']);
+      // the signature adds to the token check, it does not replace it (I3)
+      await expect(strict.write(r, signed(lock, 2n), (tx) => h.append(tx, r, 'stale'))).rejects.toBeInstanceOf(StaleTokenError);
+      await strict.write(r, signed(lock, 3n, 'shared'), (tx) => h.append(tx, r, 'shared'));
+
+      // rotation: any of the keys verifies; an Ed25519 public key verifies what its private key signed
+      const pair = generateKeyPairSync('ed25519');
+      const rotated = fenceWith({ sequencerKey: [pair.publicKey, secret] });
+      await rotated.write(r, signSequencer(formatSequencer(lock, 'exclusive', 4n), pair.privateKey), (tx) => h.append(tx, r, 'ed25519'));
+      await rotated.write(r, signed(lock, 5n), (tx) => h.append(tx, r, 'old key'));
+      await expect(
+        rotated.write(r, signSequencer(formatSequencer(lock, 'exclusive', 6n), generateKeyPairSync('ed25519').privateKey), () => {}),
+      ).rejects.toMatchObject({
+        argument: 'token',
+      });
+      // with lockKey: a genuine sequencer of another lock is still refused
+      const guarded = fenceWith({ sequencerKey: secret, lockKey: (x) => (x === r ? lock : undefined) });
+      await expect(guarded.write(r, signed('other-lock', 7n), () => {})).rejects.toMatchObject({ argument: 'token' });
+      expect(await rotated.highest(r)).toBe(5n);
+      expect(await h.log(r)).toEqual(['genuine', 'shared', 'ed25519', 'old key']);
+
+      // a fence without a key reads a signed sequencer like any other (its signature unchecked)
+      const plain = res('signed-plain');
+      await h.fence.write(plain, signed('anything', 8n), () => {});
+      expect(await h.fence.highest(plain)).toBe(8n);
+
+      // bad keys fail the factory, before any write
+      for (const bad of [randomBytes(16), 'not a key', '', 42, []]) {
+        expect(() => fenceWith({ sequencerKey: bad as never }), String(bad)).toThrow(expect.objectContaining({ argument: 'options.sequencerKey' }));
+      }
     });
 
     it('the checker catches a fence that ignores tokens (the mutant must fail)', async () => {
