@@ -45,6 +45,8 @@ class HttpBackend {
   readonly #sessions: HttpSessions;
   readonly #events: KeyEvents;
   readonly #watches: KeyWatchSet<WatchedKey>;
+  /** The acquire in flight of each (key, owner), settled or not: the next one of the pair waits for it. */
+  readonly #asking = new Map<string, Promise<unknown>>();
 
   constructor(options: ReturnType<typeof resolveHttpOptions>) {
     this.#transport = new Transport(options);
@@ -76,7 +78,30 @@ class HttpBackend {
     };
   }
 
-  async #acquire(req: AcquireRequest): Promise<AcquireResult> {
+  /**
+   * One owner's acquires of a key go one after the other, never overlapping: two at once would be
+   * one owner waiting twice at the server, where the first to end could cancel the shared queue
+   * place or give back the grant the other is answered with (docs/http-api.md, Idempotency-Key).
+   * Core asks again with the same owner after its own deadline passed while the request still ran:
+   * that retry is sent once the first has its answer (each request is bounded by `timeoutMs` past
+   * its wait), not beside it. A late answer of the first still reaches core, which gives it back.
+   */
+  #acquire(req: AcquireRequest): Promise<AcquireResult> {
+    const id = `${req.owner.length}:${req.owner}${req.key}`;
+    const before = this.#asking.get(id);
+    const call = before ? before.then(() => this.#ask(req)) : this.#ask(req);
+    const settled = call.then(
+      () => {},
+      () => {},
+    );
+    this.#asking.set(id, settled);
+    void settled.then(() => {
+      if (this.#asking.get(id) === settled) this.#asking.delete(id);
+    });
+    return call;
+  }
+
+  async #ask(req: AcquireRequest): Promise<AcquireResult> {
     const session = req.session !== undefined && !HttpSessions.isLocal(req.session) ? req.session : undefined;
     const waitMs = req.waitMs !== undefined && req.waitMs > 0 ? Math.min(Math.floor(req.waitMs), 60_000) : 0;
     const body = {

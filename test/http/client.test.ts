@@ -249,6 +249,25 @@ describe('httpBackend against a scripted server', () => {
     expect(stub.requests[1]!.body).not.toHaveProperty('waitMs');
   });
 
+  it("one owner's acquires of a key never overlap: a retry is sent once the first request has its answer", async () => {
+    const answers: (() => void)[] = [];
+    stub.handle((_req, res) => answers.push(() => json(res, 409, { code: 'ACQUIRE_TIMEOUT', message: 'busy' })));
+    const b = connect();
+    const first = b.acquire(request());
+    const retry = b.acquire(request()); // core's retry after its own deadline, same owner
+    const other = b.acquire(request({ owner: 'another-owner' })); // another owner goes at once
+    await eventually(() => stub.requests.length === 2, 5_000);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(stub.requests.map((r) => r.headers['idempotency-key'])).toEqual(['a1b2c3', 'another-owner']);
+    answers.shift()!(); // the first one's answer
+    expect(await first).toEqual({ granted: false });
+    await eventually(() => stub.requests.length === 3, 5_000);
+    expect(stub.requests[2]!.headers['idempotency-key']).toBe('a1b2c3');
+    for (const answer of answers.splice(0)) answer();
+    expect(await retry).toEqual({ granted: false });
+    expect(await other).toEqual({ granted: false });
+  });
+
   it('close() cuts a request in flight at once and refuses later calls with ClosedError', async () => {
     stub.handle(() => {}); // never answers
     const b = connect();
