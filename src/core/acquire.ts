@@ -36,6 +36,8 @@ export interface Grant {
   readonly token: bigint;
   /** The ttl the coordinator applied. */
   readonly ttlMs: number;
+  /** The sequencer the coordinator issued with the grant (AcquireResult.sequencer), if any. */
+  readonly sequencer?: string;
   /** When the request that was granted was sent: validity counts from there (I5). */
   readonly sentAt: number;
   /** When the acquire call began (for `waitedMs`). */
@@ -241,7 +243,7 @@ export class Acquisition {
         return 'again';
       }
       this.#queued = false;
-      return this.#take(result.token, result.ttlMs, sentAt, session);
+      return this.#take(result.token, result.ttlMs, sentAt, session, result.sequencer);
     }
     if (result && !result.granted) {
       if (result.sessionLost && session && this.#sessionRetries < MAX_SESSION_RETRIES) {
@@ -329,8 +331,9 @@ export class Acquisition {
     this.#changed = false;
   }
 
-  #take(token: bigint, ttlMs: number, sentAt: number, session: Session | undefined): LeaseImpl {
-    this.#kept = this.#ctx.grant({ key: this.#key, owner: this.#owner, options: this.#o, token, ttlMs, sentAt, start: this.#start, session });
+  #take(token: bigint, ttlMs: number, sentAt: number, session: Session | undefined, sequencer?: string): LeaseImpl {
+    const grant: Grant = { key: this.#key, owner: this.#owner, options: this.#o, token, ttlMs, sentAt, start: this.#start, session };
+    this.#kept = this.#ctx.grant(sequencer === undefined ? grant : { ...grant, sequencer });
     return this.#kept;
   }
 

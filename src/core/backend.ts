@@ -142,6 +142,12 @@ export type AcquireResult =
       readonly token: bigint;
       /** The ttl the coordinator applied (may be rounded up to its minimum). */
       readonly ttlMs: number;
+      /**
+       * The grant's sequencer as the coordinator issued it (a lock service started with
+       * `--sequencer-key` signs its sequencers, `lh1s.`); core formats one when absent. Used only if
+       * it names this grant's key, mode and token: a backend cannot attach another grant's.
+       */
+      readonly sequencer?: string;
     }
   | {
       readonly granted: false;

@@ -2,7 +2,7 @@ import type { Clock, TimerHandle } from './clock.js';
 import { withTimeout, toLeaseholdError } from './call.js';
 import { LeaseLostError, type LossReason } from './errors.js';
 import type { LockEvents, TypedEmitter } from './events.js';
-import { formatSequencer } from './token.js';
+import { formatSequencer, parseSequencer } from './token.js';
 import type { LockMode } from './validate.js';
 
 /**
@@ -15,7 +15,11 @@ export interface Lease extends AsyncDisposable {
   /** Fencing token: strictly increasing per key across all grants (I1, I2). */
   readonly token: bigint;
   readonly mode: LockMode;
-  /** `lh1.<e|s>.<token>.<key>`: key, mode and token in one header-safe string; `parseSequencer` reads it. */
+  /**
+   * `lh1.<e|s>.<token>.<key>`: key, mode and token in one header-safe string; `parseSequencer`
+   * reads it. The coordinator's own when it issued one for this grant: a lock service started with
+   * `--sequencer-key` signs it (`lh1s.…`, `verifySequencer` checks it).
+   */
   readonly sequencer: string;
   /** The ttl the coordinator applied (a backend with a minimum lease rounds up). */
   readonly ttlMs: number;
@@ -294,8 +298,10 @@ export class LeaseImpl implements Lease {
   readonly key: string;
   readonly token: bigint;
   readonly mode: LockMode;
-  /** Formatted on first use (a base64url of the key): many leases never hand theirs on. */
+  /** Formatted (or the coordinator's checked) on first use (a base64url of the key): many leases never hand theirs on. */
   #sequencer: string | undefined;
+  /** The sequencer the coordinator issued with the grant, not checked yet. */
+  readonly #issued: string | undefined;
   /** Made on first use: most leases end by release and nobody looks at their signal. */
   #controller: AbortController | undefined;
   readonly #ctx: LeaseContext;
@@ -313,12 +319,15 @@ export class LeaseImpl implements Lease {
     key: string;
     token: bigint;
     mode: LockMode;
+    /** The coordinator's sequencer for this grant (see AcquireResult.sequencer), if it sent one. */
+    sequencer?: string;
     acquiredAt: number;
     release: () => Promise<void>;
   }) {
     this.key = init.key;
     this.token = init.token;
     this.mode = init.mode;
+    this.#issued = init.sequencer;
     this.#ctx = init.ctx;
     this.#keeper = init.keeper;
     this.#acquiredAt = init.acquiredAt;
@@ -330,7 +339,24 @@ export class LeaseImpl implements Lease {
   }
 
   get sequencer(): string {
-    return (this.#sequencer ??= formatSequencer(this.key, this.mode, this.token));
+    return (this.#sequencer ??= this.#ownIssued() ?? formatSequencer(this.key, this.mode, this.token));
+  }
+
+  /**
+   * The coordinator's sequencer if it names this lease's key, mode and token; else undefined (core
+   * formats its own). A backend's answer cannot hand this lease another grant's sequencer, which a
+   * fence would then accept on its behalf. Its signature is not checked here: only the resource
+   * holds the verification key.
+   */
+  #ownIssued(): string | undefined {
+    const issued = this.#issued;
+    if (issued === undefined) return undefined;
+    try {
+      const s = parseSequencer(issued);
+      return s.key === this.key && s.mode === this.mode && s.token === this.token ? issued : undefined;
+    } catch {
+      return undefined;
+    }
   }
 
   get signal(): AbortSignal {

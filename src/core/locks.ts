@@ -282,6 +282,7 @@ export class Locks {
       key,
       token,
       mode: o.mode,
+      ...(g.sequencer !== undefined && { sequencer: g.sequencer }),
       acquiredAt,
       release: () => {
         // A minimum hold: released before it ends, the key stays ours until then, and then expires.

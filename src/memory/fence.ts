@@ -3,7 +3,11 @@ import { FENCE_GUARD_OPTIONS, fenceTokenCheck, type Fence, type FenceGuardOption
 import type { TokenInput } from '../core/token.js';
 import { checkKey, checkKnownOptions, checkObject, describe } from '../core/validate.js';
 
-/** Options of memoryFence: only which lock guards which resource (see FenceGuardOptions). */
+/**
+ * Options of memoryFence: those every fence takes (FenceGuardOptions): which lock guards which
+ * resource (`lockKey`, `requireSequencer`) and the lock service's key that signed sequencers must
+ * verify with (`sequencerKey`).
+ */
 export type MemoryFenceOptions = FenceGuardOptions;
 
 /**
