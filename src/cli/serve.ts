@@ -8,9 +8,11 @@ import { DEFAULT_URL } from '../connect.js';
 import { InvalidArgumentError } from '../core/errors.js';
 import { loadAuthFile, probeBackend, SERVE_DEFAULTS, startLockServer, type RunningLockServer } from '../serve/index.js';
 import { onStopSignals, signalExitCode } from '../util/process.js';
+import { loadSequencerKey } from '../util/sequencer-key.js';
 import { CliExit, EXIT, usageError } from './exit.js';
 
-export const SERVE_USAGE = 'leasehold serve [--url URL] [--host 127.0.0.1] [--port 7070] [--auth FILE] [--rate-limit N] [--tls-cert FILE --tls-key FILE]';
+export const SERVE_USAGE =
+  'leasehold serve [--url URL] [--host 127.0.0.1] [--port 7070] [--auth FILE] [--rate-limit N] [--tls-cert FILE --tls-key FILE] [--sequencer-key FILE]';
 
 export interface ServeCommandOptions {
   /** Coordinator URL; undefined means LEASEHOLD_URL, else the embedded SQLite store. */
@@ -21,6 +23,8 @@ export interface ServeCommandOptions {
   rateLimit: number;
   tlsCert: string | undefined;
   tlsKey: string | undefined;
+  /** Key file the issued sequencers are signed with (src/util/sequencer-key.ts); undefined: unsigned (`lh1.`). */
+  sequencerKey: string | undefined;
 }
 
 /**
@@ -33,6 +37,8 @@ export async function runServeCommand(o: ServeCommandOptions, write: (line: stri
   const auth = o.auth === undefined ? undefined : loadAuthFile(o.auth);
   const https =
     o.tlsCert !== undefined && o.tlsKey !== undefined ? { cert: readOption(o.tlsCert, '--tls-cert'), key: readOption(o.tlsKey, '--tls-key') } : undefined;
+  // Read now: a missing or malformed key file stops the server before it listens (64), naming the option, never the key.
+  const sequencerKey = o.sequencerKey === undefined ? undefined : loadSequencerKey(o.sequencerKey);
   let server: RunningLockServer;
   try {
     server = await startLockServer({
@@ -42,6 +48,7 @@ export async function runServeCommand(o: ServeCommandOptions, write: (line: stri
       rateLimit: o.rateLimit,
       ...(auth && { auth }),
       ...(https && { https }),
+      ...(sequencerKey && { sequencerKey }),
     });
   } catch (error) {
     const code = (error as { code?: string }).code;
@@ -59,7 +66,7 @@ export async function runServeCommand(o: ServeCommandOptions, write: (line: stri
       });
     });
     write(
-      `leasehold serve: listening on ${server.url} (backend ${server.app.leasehold.backend.name}${auth ? `, ${auth.callers.length} callers` : ', no --auth: loopback only'})`,
+      `leasehold serve: listening on ${server.url} (backend ${server.app.leasehold.backend.name}${auth ? `, ${auth.callers.length} callers` : ', no --auth: loopback only'}${sequencerKey ? ', signed sequencers' : ''})`,
     );
     const signal = await stopped;
     return signal === 'SIGINT' || signal === 'SIGTERM' ? EXIT.OK : signalExitCode(signal);
@@ -103,6 +110,9 @@ export function addServeCommand(
         'Without --auth every request is the same anonymous caller, so the server listens on loopback only. --auth FILE lists the callers: ' +
         '{ "callers": [ { "name": "svc-a", "tokenSha256": "<hex>", "prefixes": ["tenant-a/"] } ] }, the hash computed with ' +
         'printf %s "$TOKEN" | sha256sum; each caller may use keys under its prefixes only.\n\n' +
+        '--sequencer-key FILE signs the sequencers it issues (lh1s.…), so a resource can check offline that they came from this service ' +
+        "(verifySequencer, or a fence's sequencerKey option): one key per line, hex or base64 of 32 or more random bytes (openssl rand -hex 32), " +
+        'or an Ed25519 private key in PEM (its public key verifies); # comments; the first key signs, every key verifies.\n\n' +
         'Runs until SIGINT or SIGTERM (exit 0); exits 69 when the coordinator cannot be reached or the port cannot be used, 64 for bad arguments.',
     )
     .addOption(
@@ -118,10 +128,20 @@ export function addServeCommand(
     )
     .addOption(new Option('--tls-cert <file>', 'PEM certificate: serve https (with --tls-key)'))
     .addOption(new Option('--tls-key <file>', 'PEM private key of --tls-cert'))
+    .addOption(new Option('--sequencer-key <file>', 'sign issued sequencers with the key(s) in FILE (HMAC secret or Ed25519 private key)'))
     .action(
       action(SERVE_USAGE, async (opts: ServeFlags) =>
         runServeCommand(
-          { url: opts.url, host: opts.host, port: opts.port, auth: opts.auth, rateLimit: opts.rateLimit, tlsCert: opts.tlsCert, tlsKey: opts.tlsKey },
+          {
+            url: opts.url,
+            host: opts.host,
+            port: opts.port,
+            auth: opts.auth,
+            rateLimit: opts.rateLimit,
+            tlsCert: opts.tlsCert,
+            tlsKey: opts.tlsKey,
+            sequencerKey: opts.sequencerKey,
+          },
           (line) => process.stdout.write(`${line}\n`),
         ),
       ),
@@ -137,4 +157,5 @@ export interface ServeFlags {
   rateLimit: number;
   tlsCert?: string;
   tlsKey?: string;
+  sequencerKey?: string;
 }

@@ -19,8 +19,10 @@ import { checkInteger, describe, MAX_DURATION_MS } from '../core/validate.js';
 import { backendLoader } from '../connect.js';
 import { authenticate, type AuthConfig } from './auth.js';
 import { CallerRateStore } from './rate-limit.js';
+import type { SequencerKeys } from '../core/sequencer-sign.js';
 import { callerOf, setCaller, type RouteModule, type ServeContext } from './context.js';
 import { sendError, ServiceError, unauthorized } from './errors.js';
+import { signingKeys } from './sequencers.js';
 import { healthRoutes } from './routes/health.js';
 import { leaseRoutes } from './routes/leases.js';
 import { lockRoutes } from './routes/locks.js';
@@ -69,9 +71,15 @@ export interface LockServerOptions {
   readonly wallNow?: () => number;
   /** Route modules registered after the built-in ones, with the same context. */
   readonly routes?: readonly RouteModule[];
+  /**
+   * Signs the sequencers the server issues (`--sequencer-key`; `loadSequencerKey` reads the file):
+   * a secret (HMAC-SHA-256) or an Ed25519 private key, or several (the first signs, any verifies on
+   * POST /v1/sequencers/check). @default none: sequencers are unsigned (`lh1.`)
+   */
+  readonly sequencerKey?: SequencerKeys;
 }
 
-const OPTION_NAMES = ['url', 'backend', 'auth', 'rateLimit', 'operationTimeoutMs', 'logger', 'https', 'timeouts', 'clock', 'wallNow', 'routes'];
+const OPTION_NAMES = ['url', 'backend', 'auth', 'rateLimit', 'operationTimeoutMs', 'logger', 'https', 'timeouts', 'clock', 'wallNow', 'routes', 'sequencerKey'];
 
 /** The fastify app with the server's context on it (`app.leasehold`), not listening yet. */
 export type LockServerApp = FastifyInstance & { readonly leasehold: ServeContext };
@@ -83,6 +91,8 @@ export type LockServerApp = FastifyInstance & { readonly leasehold: ServeContext
  */
 export async function createLockServer(options: LockServerOptions): Promise<LockServerApp> {
   const o = checkOptions(options);
+  // Checked before the backend is opened, so a bad key leaves nothing open.
+  const sequencerKey = o.sequencerKey === undefined ? undefined : signingKeys(o.sequencerKey, 'options.sequencerKey');
   const fastify = requirePeer<typeof import('fastify')>(createRequire(import.meta.url), 'fastify', 'leasehold serve');
   const rateLimit = requirePeer<typeof import('@fastify/rate-limit')>(createRequire(import.meta.url), '@fastify/rate-limit', 'leasehold serve');
 
@@ -104,6 +114,7 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
     events: new TypedEmitter<LockEvents>(),
     closing: closing.signal,
     acquiring: new Set(),
+    sequencerKey,
   };
 
   const timeouts = { ...o.timeouts };

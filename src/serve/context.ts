@@ -1,3 +1,4 @@
+import type { KeyObject } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Backend } from '../core/backend.js';
 import { withTimeout } from '../core/call.js';
@@ -29,6 +30,11 @@ export interface ServeContext {
   readonly closing: AbortSignal;
   /** Acquire requests in flight (long polls among them): close() lets them answer before connections are cut. */
   readonly acquiring: Set<Promise<unknown>>;
+  /**
+   * The `--sequencer-key` keys: the first signs the sequencers the server issues (`lh1s.`), any of
+   * them verifies the ones sent to the check route. Undefined: sequencers are unsigned (`lh1.`).
+   */
+  readonly sequencerKey: readonly KeyObject[] | undefined;
 }
 
 /** A route module: registers its routes on the app (see app.ts for the order). */
