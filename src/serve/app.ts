@@ -23,6 +23,7 @@ import type { SequencerKeys } from '../core/sequencer-sign.js';
 import { callerOf, setCaller, type RouteModule, type ServeContext } from './context.js';
 import { sendError, ServiceError, unauthorized } from './errors.js';
 import { signingKeys } from './sequencers.js';
+import { eventRoutes } from './routes/events.js';
 import { healthRoutes } from './routes/health.js';
 import { leaseRoutes } from './routes/leases.js';
 import { lockRoutes } from './routes/locks.js';
@@ -45,8 +46,8 @@ export const SERVE_DEFAULTS = Object.freeze({
 /** Longest path segment (a key of 1,024 UTF-8 bytes, percent-encoded, is 3,072 characters; a lease handle under 2,000). */
 const MAX_PARAM_LENGTH = 4096;
 
-/** The routes of version 1, in registration order; later modules (events, metrics, dashboard) add theirs after. */
-const ROUTES: readonly RouteModule[] = [sessionRoutes, lockRoutes, leaseRoutes, healthRoutes];
+/** The routes of version 1, in registration order; later modules (metrics, dashboard) add theirs after. */
+const ROUTES: readonly RouteModule[] = [sessionRoutes, lockRoutes, leaseRoutes, healthRoutes, eventRoutes];
 
 export interface LockServerOptions {
   /** The coordinator's URL (as for `createLocks`): the server opens it, and closes it when it closes. */
