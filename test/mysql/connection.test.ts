@@ -162,6 +162,50 @@ describe('mysql: killed connections', () => {
     await held.release();
   }, 90_000);
 
+  it('a release lost to a KILL (reads the lease tables’ layout to hold a row lock): the key frees itself within its ttl, though the client’s session lives on', async () => {
+    const table = uniqueName('lh_lost_release');
+    const locks = open(mysqlBackend({ uri: backendUrl, table }));
+    const failed: unknown[] = [];
+    locks.on('releaseFailed', (e) => failed.push(e.error));
+    const ttlMs = 1_000;
+    // Another lease of the same ttl keeps the client's session (if the backend has them) renewed throughout.
+    const keep = await locks.acquire('keep', { ttlMs });
+    const lease = await locks.acquire('k', { ttlMs });
+    // Hold the key's rows so that the release waits on the server, then kill the connection it waits on.
+    const blocker = await admin!.getConnection();
+    try {
+      await blocker.query('START TRANSACTION');
+      await blocker.query(`SELECT * FROM \`${table}_keys\` WHERE \`key\` = ? FOR UPDATE`, ['k']);
+      await blocker.query(`SELECT * FROM \`${table}\` WHERE \`key\` = ? FOR UPDATE`, ['k']);
+      const releasing = lease.release().catch((e: unknown) => e);
+      let waiting: number[] = [];
+      const seen = await eventually(
+        async () => {
+          const [rows] = await admin!.query("SELECT ID AS id FROM information_schema.PROCESSLIST WHERE USER = ? AND INFO LIKE '%release%'", [BACKEND_USER]);
+          waiting = (rows as { id: number }[]).map((r) => Number(r.id));
+          return waiting.length > 0;
+        },
+        5_000,
+        10,
+      );
+      expect(seen).toBe(true);
+      await killConnections(admin!, waiting);
+      expect(await releasing).toBeInstanceOf(BackendUnavailableError);
+    } finally {
+      await blocker.query('ROLLBACK').catch(() => {});
+      blocker.release();
+    }
+    expect(failed).toHaveLength(1);
+    // Nobody renews the lost release's lease: another client gets the key once its ttl has run out.
+    const other = open(mysqlBackend({ uri: backendUrl, table }));
+    const next = await within(other.acquire('k', { ttlMs, waitMs: 6 * ttlMs }), 20_000);
+    const got = next === 'hung' ? 'hung' : 'error' in next ? String(next.error) : next.value;
+    expect(typeof got === 'string' ? got : 'granted').toBe('granted');
+    expect((got as { token: bigint }).token).toBeGreaterThan(lease.token);
+    expect(keep.held).toBe(true);
+    await keep.release();
+  }, 60_000);
+
   it('a KILL during a mysqlFence write rolls the write back: no mark raised without the mutation; the fence works again after', async () => {
     const pool = userPool(server!.url);
     const docs = uniqueName('docs');

@@ -136,6 +136,7 @@ export async function startMariaDb(): Promise<MariaDb> {
         `--socket=${join(dir, 'mysqld.sock')}`,
         `--pid-file=${join(dir, 'mysqld.pid')}`,
         `--log-error=${logFile}`,
+        `--tmpdir=${dir}`,
         ...SERVER_OPTIONS,
       ];
       const p = spawn(bins.server, args, { stdio: ['ignore', fd, fd], cwd: dir });
@@ -172,6 +173,7 @@ export async function startMariaDb(): Promise<MariaDb> {
         '--no-defaults',
         ...user,
         `--datadir=${data}`,
+        `--tmpdir=${dir}`, // its own, not /tmp: a temporary file there vanished under a concurrent run once (ERROR 6 on delete)
         '--auth-root-authentication-method=normal', // root@localhost with an empty password, not unix_socket
         '--skip-test-db',
         '--skip-name-resolve',
