@@ -140,7 +140,7 @@ class HttpBackend {
   }
 
   #granted(req: AcquireRequest, answer: Answer, session: string | undefined): AcquireResult {
-    const b = answer.body as { lease?: unknown; token?: unknown; ttlMs?: unknown; mode?: unknown } | undefined;
+    const b = answer.body as { lease?: unknown; token?: unknown; ttlMs?: unknown; mode?: unknown; sequencer?: unknown } | undefined;
     const token = parseToken(b?.token);
     if (typeof b?.lease !== 'string' || b.lease.length === 0 || token === undefined || !Number.isSafeInteger(b.ttlMs)) {
       throw unavailable('acquire: the grant has no lease handle, token or ttlMs');
@@ -155,7 +155,8 @@ class HttpBackend {
       session: sessionOf,
       expiresAt: session !== undefined ? Number.POSITIVE_INFINITY : performance.now() + ttlMs,
     });
-    return { granted: true, token, ttlMs };
+    // The server's sequencer (signed, `lh1s.`, by a service with --sequencer-key): core uses it if it names this grant.
+    return { granted: true, token, ttlMs, ...(typeof b.sequencer === 'string' && b.sequencer.length > 0 && { sequencer: b.sequencer }) };
   }
 
   async #renew(req: RenewRequest): Promise<RenewResult> {

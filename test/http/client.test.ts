@@ -5,9 +5,13 @@
  * it does not send (a release or renew that is not the holder's), and close() cutting what is in
  * flight. The protocol against the real server is test/conformance/http.test.ts.
  */
+import { randomBytes } from 'node:crypto';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { AcquireRequest, Backend } from '../../src/core/backend.js';
 import { BackendUnavailableError, ClosedError, InvalidArgumentError } from '../../src/core/errors.js';
+import { Locks } from '../../src/core/locks.js';
+import { signSequencer, verifySequencer } from '../../src/core/sequencer-sign.js';
+import { formatSequencer } from '../../src/core/token.js';
 import { httpBackend } from '../../src/http/index.js';
 import { eventually } from '../helpers/env.js';
 import { grant, json, type Stub, stubServer } from './stub.js';
@@ -79,7 +83,7 @@ describe('httpBackend against a scripted server', () => {
     });
     const b = connect({ token: 's3cret' });
     const result = await b.acquire(request({ key: 'a/b %c', limit: 3, mode: 'shared' }));
-    expect(result).toEqual({ granted: true, token: 7n, ttlMs: 30_000 });
+    expect(result).toEqual({ granted: true, token: 7n, ttlMs: 30_000, sequencer: grant('a/b %c', 7n).sequencer });
     const [acq] = stub.requests;
     expect(acq!.method).toBe('POST');
     expect(acq!.url).toBe('/v1/locks/a%2Fb%20%25c/acquire');
@@ -98,6 +102,17 @@ describe('httpBackend against a scripted server', () => {
     expect(await b.inspect('')).toEqual([]);
     expect(stub.requests[0]!.url).toBe('/locks/v1/locks');
     expect(stub.requests[0]!.headers.authorization).toBe('Bearer t/k');
+  });
+
+  it("the server's signed sequencer (a service with --sequencer-key) is the lease's", async () => {
+    const key = randomBytes(32);
+    const signed = signSequencer(formatSequencer('doc', 'exclusive', 12n), key);
+    stub.handle((req, res) => (req.url.endsWith('/acquire') ? json(res, 200, { ...grant('doc', 12n), sequencer: signed }) : json(res, 204)));
+    const locks = new Locks({ backend: connect() });
+    const lease = await locks.acquire('doc', { ttlMs: 5_000, autoRenew: false });
+    expect(lease.sequencer).toBe(signed);
+    expect(verifySequencer(lease.sequencer, key)).toMatchObject({ key: 'doc', token: 12n });
+    await locks.close();
   });
 
   it("a renew or release that is not the holder's (another owner, another token, already released) sends nothing (I4)", async () => {

@@ -17,7 +17,7 @@ import { httpBackend } from '../../src/http/index.js';
 import { createLocks } from '../../src/index.js';
 import { memoryBackend } from '../../src/memory/index.js';
 import { parseAuthConfig, type RunningLockServer, startLockServer } from '../../src/serve/index.js';
-import { sleep, tempDir } from '../helpers/env.js';
+import { eventually, sleep, tempDir } from '../helpers/env.js';
 
 /** Counts the Backend calls of a client (its public surface, not its internals). */
 function counted(backend: Backend): { backend: Backend; calls: Record<string, number> } {
@@ -59,6 +59,42 @@ describe('over a plain server', () => {
     expect(lease.token).toBeGreaterThan(holder.token);
     expect(probe.calls.acquire).toBe(1);
     await lease.release();
+  });
+
+  it("watch follows the server's event stream: a grant and a release by another client are told, another key's are not", async () => {
+    const watcher = client();
+    const other = client();
+    let told = 0;
+    const stop = await watcher.watch('watched', () => told++);
+    expect(stop).toBeTypeOf('function');
+    const unrelated = await other.acquire('watched-not', { ttlMs: 5_000 }); // under the prefix, another key
+    await unrelated.release();
+    await sleep(500);
+    expect(told).toBe(0);
+    const lease = await other.acquire('watched', { ttlMs: 5_000 });
+    await eventually(() => told >= 1, 5_000);
+    const afterGrant = told;
+    await lease.release();
+    await eventually(() => told > afterGrant, 5_000);
+    stop!();
+  });
+
+  it('an election observed over the service sees each new term', async () => {
+    const seen: (bigint | null)[] = [];
+    const controller = new AbortController();
+    const observing = (async () => {
+      for await (const leader of client().election('leader', { ttlMs: 5_000 }).observe({ signal: controller.signal })) seen.push(leader?.token ?? null);
+    })();
+    const a = client();
+    const term1 = await a.election('leader', { ttlMs: 5_000 }).campaign({ value: 'a' });
+    await eventually(() => seen.includes(term1.token), 5_000);
+    await term1.release();
+    const term2 = await client().election('leader', { ttlMs: 5_000 }).campaign({ value: 'b' });
+    await eventually(() => seen.includes(term2.token), 5_000);
+    controller.abort();
+    await observing;
+    await term2.release();
+    expect(seen.filter((t) => t !== null)).toEqual([term1.token, term2.token]);
   });
 
   it('an http:// URL works in createLocks (through the URL loader)', async () => {
