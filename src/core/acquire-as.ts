@@ -1,10 +1,10 @@
 import { Acquisition, type AcquireContext } from './acquire.js';
 import type { AcquireRequest, Backend, ReleaseRequest } from './backend.js';
 import { systemClock, type Clock } from './clock.js';
-import { InvalidArgumentError } from './errors.js';
+import { AcquireTimeoutError, InvalidArgumentError } from './errors.js';
 import { TypedEmitter, type LockEvents } from './events.js';
 import type { LeaseImpl } from './lease.js';
-import { checkLabel, DEFAULTS, resolveAcquireOptions, type AcquireOptions } from './options.js';
+import { checkLabel, DEFAULTS, resolveAcquireOptions, WAITING, type AcquireOptions } from './options.js';
 import { checkKey } from './validate.js';
 
 /**
@@ -36,6 +36,18 @@ export interface AcquireAsRequest {
    * session). A coordinator answer that the session is gone ends the call with `{ sessionLost: true }`.
    */
   readonly session?: string;
+  /**
+   * A wait that runs out (`AcquireTimeoutError`, neither `signal` nor `closing` aborted) leaves the
+   * owner's queue place at the coordinator instead of cancelling it: the place expires by itself
+   * after the queue ttl (`WAITING.queueTtlMs`) unless the same owner asks again, which keeps it. For
+   * a caller that waits in several calls (the lock service's long polls, each ending in a 409 the
+   * client follows with the next poll): without it every call ends by giving its place up, and the
+   * next one queues at the back, behind waiters that came later. Only for coordinators whose places
+   * expire by that ttl and are granted to no one who does not ask: one that hands the key to a
+   * queued waiter by itself would make a grant nobody waits for. A grant answered after the wait
+   * ended is kept for the next call too, shortened to the queue ttl (see `placeKeeping`). @default false
+   */
+  readonly keepPlaceOnTimeout?: boolean;
   /** Longest single coordinator call. @default 5000 */
   readonly operationTimeoutMs?: number;
   /** Ends the wait at once (the caller is shutting down), like `Locks.close()`. */
@@ -67,7 +79,8 @@ class SessionGone extends InvalidArgumentError {
  * `sessionLost` when the coordinator no longer knows `session`; rejects as `Locks.acquire` does
  * (`AcquireTimeoutError` with the holder's label when the key stayed busy, the signal's reason,
  * `BackendUnavailableError`, `InvalidArgumentError` naming the option as `options.<name>`). Leaves no
- * queue place behind when it does not end with the grant.
+ * queue place behind when it does not end with the grant, except the place of a wait that ran out
+ * with `keepPlaceOnTimeout`.
  */
 export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsResult> {
   const key = checkKey(request.key);
@@ -79,6 +92,8 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
   const { backend, owner, session } = request;
   const closing = request.closing ?? new AbortController().signal;
   const asked = (req: AcquireRequest): AcquireRequest => ({ ...req, owner, ...(session !== undefined && { session }) });
+  const places = placeKeeping(request, owner, holder, options);
+  const cancelWait = backend.cancelWait;
   const view: Backend = {
     ...backend,
     acquire: async (req) => {
@@ -86,8 +101,9 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
       if (!answer.granted && answer.sessionLost && session !== undefined) throw new SessionGone();
       return answer;
     },
-    release: (req: ReleaseRequest) => backend.release({ ...req, owner }),
-    ...(backend.cancelWait && { cancelWait: (req: { key: string; owner: string }) => backend.cancelWait!({ ...req, owner }) }),
+    // Called for late grants (and for a grant made as the server closes): see placeKeeping.
+    release: (req: ReleaseRequest) => (closing.aborted ? backend.release({ ...req, owner }) : places.giveBack(req)),
+    ...(cancelWait && { cancelWait: (req: { key: string; owner: string }) => places.cancel(() => cancelWait.call(backend, { ...req, owner })) }),
   };
   let granted: { token: bigint; ttlMs: number } | undefined;
   const events = request.events ?? new TypedEmitter<LockEvents>();
@@ -110,10 +126,66 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
   };
   try {
     await new Acquisition(ctx, key, { ...options, label: holder }, true).run();
+    places.decide(false); // a grant: the Acquisition cancels nothing of a kept grant anyway
   } catch (error) {
+    // Only a wait that ran out keeps its place: a caller who went away or a closing server gives it up.
+    places.decide(error instanceof AcquireTimeoutError && options.signal?.aborted !== true && !closing.aborted);
     if (error instanceof SessionGone) return { granted: false, sessionLost: true };
     throw error;
   }
   if (!granted) throw new Error('leasehold: Acquisition ended without a grant'); // unreachable: run() with wait=true grants or throws
   return { granted: true, ...granted };
+}
+
+/**
+ * What a wait leaves at the coordinator as it ends (`keepPlaceOnTimeout`). The Acquisition gives its
+ * place up, and gives back grants whose answers came after their call's time, as it settles — before
+ * `acquireAs` has seen how the wait ended: those calls wait for `decide`.
+ *
+ * A wait that ran out keeps its place; and a grant answered late to it (the key came free as its last
+ * ask was being cut by the end of the wait: on a coordinator a round trip away, that last ask is
+ * often answered after the wait's end) is the place come true: it is kept for the owner's next call,
+ * which gets it back (its ttl counted from then, as for any retry), and shortened to the queue ttl
+ * meanwhile, so an owner that never asks again holds the key no longer than its place would have
+ * blocked it. Not a grant on a session (its ttl is the session's, it cannot be shortened) nor one
+ * with a lock-delay (its expiry would start one): those are given back, and the owner's turn with them.
+ */
+function placeKeeping(
+  request: AcquireAsRequest,
+  owner: string,
+  holder: string,
+  options: { mode: ReleaseRequest['mode']; lockDelayMs: number; limit: number | undefined },
+): { decide(keep: boolean): void; cancel(cancelWait: () => Promise<void>): Promise<void>; giveBack(req: ReleaseRequest): Promise<void> } {
+  const { backend } = request;
+  let decide: (keep: boolean) => void = () => {};
+  const kept = new Promise<boolean>((resolve) => {
+    decide = resolve;
+  });
+  const release = (req: ReleaseRequest): Promise<void> => backend.release({ ...req, owner });
+  if (!request.keepPlaceOnTimeout) return { decide, cancel: (cancelWait) => cancelWait(), giveBack: release };
+  const keepsGrants = request.session === undefined && options.lockDelayMs === 0;
+  const holdForNextCall = async (req: ReleaseRequest): Promise<void> => {
+    const renewal = {
+      key: req.key,
+      owner,
+      token: req.token,
+      mode: req.mode,
+      ttlMs: Math.max(WAITING.queueTtlMs, backend.capabilities.minTtlMs),
+      lockDelayMs: 0,
+      holder,
+      ...(options.limit !== undefined && { limit: options.limit }),
+    };
+    // Not renewed: the grant is gone already. A renewal that failed: give it back rather than leave it its full ttl.
+    await backend.renew(renewal).catch(() => release(req));
+  };
+  return {
+    decide,
+    cancel: async (cancelWait) => {
+      if (!(await kept)) await cancelWait();
+    },
+    giveBack: async (req) => {
+      if (keepsGrants && (await kept)) await holdForNextCall(req);
+      else await release(req);
+    },
+  };
 }
