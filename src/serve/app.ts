@@ -23,10 +23,13 @@ import type { SequencerKeys } from '../core/sequencer-sign.js';
 import { callerOf, setCaller, type RouteModule, type ServeContext } from './context.js';
 import { sendError, ServiceError, unauthorized } from './errors.js';
 import { signingKeys } from './sequencers.js';
+import { registerOpenApi, openApiRoutes } from './openapi.js';
+import { dashboardRoutes } from './routes/dashboard.js';
 import { eventRoutes } from './routes/events.js';
 import { healthRoutes } from './routes/health.js';
 import { leaseRoutes } from './routes/leases.js';
 import { lockRoutes } from './routes/locks.js';
+import { metricsRoutes } from './routes/metrics.js';
 import { sessionRoutes } from './routes/sessions.js';
 
 /** The service's defaults, each with its reason. */
@@ -46,8 +49,8 @@ export const SERVE_DEFAULTS = Object.freeze({
 /** Longest path segment (a key of 1,024 UTF-8 bytes, percent-encoded, is 3,072 characters; a lease handle under 2,000). */
 const MAX_PARAM_LENGTH = 4096;
 
-/** The routes of version 1, in registration order; later modules (metrics, dashboard) add theirs after. */
-const ROUTES: readonly RouteModule[] = [sessionRoutes, lockRoutes, leaseRoutes, healthRoutes, eventRoutes];
+/** The routes of version 1, in registration order. */
+const ROUTES: readonly RouteModule[] = [sessionRoutes, lockRoutes, leaseRoutes, healthRoutes, eventRoutes, metricsRoutes, openApiRoutes, dashboardRoutes];
 
 export interface LockServerOptions {
   /** The coordinator's URL (as for `createLocks`): the server opens it, and closes it when it closes. */
@@ -180,6 +183,8 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
     errorResponseBuilder: (_request: FastifyRequest, context: { max: number; after: string }) =>
       new ServiceError(429, 'RATE_LIMITED', `over ${context.max} requests per second for this caller; retry in ${context.after}`),
   });
+  // Before any route: the OpenAPI document is collected from the routes as they are registered.
+  await registerOpenApi(app, ctx);
   for (const routes of [...ROUTES, ...(o.routes ?? [])]) routes(app, ctx);
   return app as LockServerApp;
 }
