@@ -126,8 +126,16 @@ async function count(prefix: string): Promise<number> {
 }
 
 const waitFor = async (what: string, condition: () => boolean | Promise<boolean>, timeoutMs = 60_000): Promise<void> => {
-  if (!(await eventually(condition, timeoutMs, 25))) throw new Error(`timed out waiting for ${what}`);
+  if (!(await eventually(condition, timeoutMs, 25))) throw new Error(`timed out waiting for ${what}\n${lastWords()}`);
 };
+
+/** What the workers said last (events and stderr), for a run that stopped making progress. */
+function lastWords(): string {
+  return workers
+    .filter((w) => w.child.exitCode === null)
+    .map((w) => `worker pid ${w.child.pid}: ${JSON.stringify(w.events.slice(-4))} ${w.stderr.join('').slice(-300)}`)
+    .join('\n');
+}
 
 /** Makes `w` a zombie: it stops itself at its next write; it is resumed once a newer token has been committed. */
 async function zombie(prefix: string, w: Worker): Promise<bigint> {
