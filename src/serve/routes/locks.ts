@@ -7,10 +7,10 @@ import { acquireAs } from '../../core/acquire-as.js';
 import type { KeyState } from '../../core/backend.js';
 import { ClosedError, InvalidArgumentError } from '../../core/errors.js';
 import { checkLabel, DEFAULTS, resolveAcquireOptions } from '../../core/options.js';
-import { formatSequencer, parseSequencer } from '../../core/token.js';
 import { checkKey, checkPrefix, type LockMode } from '../../core/validate.js';
 import { listingPrefixes, mayUse } from '../auth.js';
 import { bounded, callerOf, type RouteModule, type ServeContext } from '../context.js';
+import { checkedSequencer, issuedSequencer } from '../sequencers.js';
 import { forbidden, notFound } from '../errors.js';
 import { decodeSessionHandle, deriveOwner, encodeLeaseHandle, ownerSeed } from '../handles.js';
 import * as s from '../schemas.js';
@@ -112,7 +112,7 @@ export const lockRoutes: RouteModule = (app, ctx) => {
 
   app.post('/v1/sequencers/check', { schema: checkSchema }, async (request) => {
     const caller = callerOf(request);
-    const seq = parseSequencer((request.body as { sequencer: string }).sequencer, 'sequencer');
+    const seq = checkedSequencer(ctx, (request.body as { sequencer: string }).sequencer);
     if (!mayUse(caller, seq.key)) throw forbidden(`key ${JSON.stringify(seq.key)}`);
     const state = (await ctx.locks.inspect(seq.key)).find((k) => k.key === seq.key);
     const valid = state?.holders.some((h) => h.token === seq.token && h.mode === seq.mode) ?? false;
@@ -195,7 +195,7 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
       minHold: minHoldMs > 0 ? { grantedAt, minHoldMs } : undefined,
       seed,
     });
-    return { lease, key, token: String(result.token), sequencer: formatSequencer(key, mode, result.token), ttlMs: result.ttlMs, mode };
+    return { lease, key, token: String(result.token), sequencer: issuedSequencer(ctx, key, mode, result.token), ttlMs: result.ttlMs, mode };
   } finally {
     reply.raw.off('close', onClose);
   }
