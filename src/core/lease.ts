@@ -1,6 +1,6 @@
 import type { Clock, TimerHandle } from './clock.js';
 import { withTimeout, toLeaseholdError } from './call.js';
-import { LeaseLostError, type LossReason } from './errors.js';
+import { type LeaseholdError, LeaseLostError, type LossReason } from './errors.js';
 import type { LockEvents, TypedEmitter } from './events.js';
 import { formatSequencer, parseSequencer } from './token.js';
 import type { LockMode } from './validate.js';
@@ -40,7 +40,15 @@ export interface Lease extends AsyncDisposable {
    * lease stays valid until its validity runs out, and background renewal keeps trying).
    */
   renew(): Promise<void>;
-  /** Releases the key. Idempotent: after a loss, an expiry or a second call it resolves and does nothing. */
+  /**
+   * Releases the key. Idempotent: after a loss, an expiry or a second call it resolves and does
+   * nothing. Rejects with `BackendUnavailableError` (and emits `releaseFailed`) when the coordinator
+   * did not take the release; the lease counts as released here all the same. A lease kept alive on
+   * its own then expires within its ttl. A lease kept alive by a session would be renewed with the
+   * session for as long as the client runs, so its release is retried in the background (see
+   * `SessionPool`): `released` follows when a retry gets through, and if none does within the ttl
+   * the session is ended (its other leases are signalled lost) rather than keep the key held.
+   */
   release(): Promise<void>;
   toJSON(): { key: string; token: string; mode: LockMode; sequencer: string };
 }
@@ -59,6 +67,22 @@ export interface LeaseContext {
 }
 
 export type RenewOutcome = { renewed: true; ttlMs: number } | { renewed: false };
+
+/**
+ * A release the coordinator did not take (a killed connection, a timeout), handed to the keeper
+ * of the lease: a session keeps renewing the holder until the release gets through, so it retries it.
+ */
+export interface FailedRelease {
+  readonly key: string;
+  readonly token: bigint;
+  /** When `release()` was called (clock time): without a session the key would be free a ttl after it at the latest. */
+  readonly since: number;
+  /**
+   * One more try, bounded like every coordinator call. Resolves once the coordinator took it (the
+   * key is free, or was no longer this owner's), emitting `released`; rejects with a LeaseholdError.
+   */
+  readonly retry: () => Promise<void>;
+}
 
 /**
  * Time set aside per lease for signalling its loss (I6). When a keeper's validity runs out, every
@@ -94,6 +118,12 @@ export interface KeeperInit {
   readonly onIdle?: (keeper: Keeper) => void;
   /** How a negative renewal answer is reported: a lease that is not held (default), or a session that is gone. */
   readonly goneReason?: LossReason;
+  /**
+   * A lease of this keeper was released and the release failed. A session passes its retries here
+   * (the session would keep the key held); a lease's own keeper has none: it is stopped once the
+   * lease is released, and the key expires within its ttl.
+   */
+  readonly onReleaseFailed?: (release: FailedRelease, error: LeaseholdError) => void;
 }
 
 /**
@@ -116,6 +146,7 @@ export class Keeper {
   private readonly autoRenew: boolean;
   private readonly onIdle: (keeper: Keeper) => void;
   private readonly goneReason: LossReason;
+  private readonly onReleaseFailed: ((release: FailedRelease, error: LeaseholdError) => void) | undefined;
 
   constructor(init: KeeperInit) {
     this.ctx = init.ctx;
@@ -123,6 +154,7 @@ export class Keeper {
     this.autoRenew = init.autoRenew;
     this.onIdle = init.onIdle ?? (() => {});
     this.goneReason = init.goneReason ?? 'not-held';
+    this.onReleaseFailed = init.onReleaseFailed;
     this.ttlMs = init.ttlMs;
     this.validUntil = init.sentAt + init.ttlMs - init.ctx.drift(init.ttlMs);
     this.#armValidity();
@@ -153,6 +185,12 @@ export class Keeper {
   remove(lease: LeaseImpl): void {
     this.leases.delete(lease);
     if (this.leases.size === 0) this.onIdle(this);
+  }
+
+  /** A lease removed from this keeper could not be released (see {@link KeeperInit.onReleaseFailed}); nothing once lost or stopped. */
+  releaseFailed(release: FailedRelease, error: LeaseholdError): void {
+    if (this.lostReason || this.#stopped) return;
+    this.onReleaseFailed?.(release, error);
   }
 
   /** Renews now; concurrent callers share one round trip (never overlapping). */
@@ -412,11 +450,14 @@ export class LeaseImpl implements Lease {
     this.#state = 'released';
     this.#keeper.remove(this);
     this.#ctx.forget(this);
-    const heldMs = this.#ctx.clock.now() - this.#acquiredAt;
+    const since = this.#ctx.clock.now();
+    const heldMs = since - this.#acquiredAt;
     this.#releasing = this.#release().then(
       () => this.#ctx.events.emit('released', { key: this.key, token: this.token, heldMs }),
       (error: unknown) => {
         const err = toLeaseholdError(error, this.#ctx.backendName());
+        // Not forgotten: a session would renew the holder for as long as it lives, so it retries (see FailedRelease).
+        this.#keeper.releaseFailed({ key: this.key, token: this.token, since, retry: () => this.#retryRelease() }, err);
         this.#ctx.events.emit('releaseFailed', { key: this.key, token: this.token, error: err });
         throw err;
       },
@@ -426,6 +467,16 @@ export class LeaseImpl implements Lease {
     const first = this.#releasing;
     this.#releasing = quiet;
     return first;
+  }
+
+  /** A retry of a release that failed: `released` once it gets through (held until then: `heldMs` counts to it). */
+  async #retryRelease(): Promise<void> {
+    try {
+      await this.#release();
+    } catch (error) {
+      throw toLeaseholdError(error, this.#ctx.backendName());
+    }
+    this.#ctx.events.emit('released', { key: this.key, token: this.token, heldMs: this.#ctx.clock.now() - this.#acquiredAt });
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -197,8 +197,10 @@ export class Locks {
   }
 
   /**
-   * Releases every lease still held (time-boxed), ends sessions, closes the backend. Pending
-   * acquires reject with `ClosedError`, and so does every call after this. Idempotent.
+   * Releases every lease still held (time-boxed), tries once more each release of a session lease
+   * that failed and is still being retried (see `SessionPool`), ends sessions (which frees what is
+   * left of them), closes the backend. Nothing is retried after this. Pending acquires reject with
+   * `ClosedError`, and so does every call after this. Idempotent.
    */
   close(): Promise<void> {
     this.#closed ??= this.#close();
