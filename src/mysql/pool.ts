@@ -7,7 +7,7 @@ const CONNECT_TIMEOUT_MS = 5_000;
 
 /** The parts of a mysql2 connection (the callback one inside the promise wrapper) the pool's events hand out. */
 interface CoreConnection {
-  readonly stream?: { ref?(): unknown; unref?(): unknown; destroyed?: boolean };
+  readonly stream?: { ref?(): unknown; unref?(): unknown; destroy?(): unknown; destroyed?: boolean };
   on(event: 'error' | 'end', listener: (...args: unknown[]) => void): unknown;
   destroy(): void;
 }
@@ -57,8 +57,23 @@ export function createOwnPool(uri: string, size: number): OwnPool {
         pool.end().catch(() => {}),
         ms,
       );
-      for (const connection of open) if (connection.stream?.destroyed === false) connection.destroy();
+      for (const connection of open) dropConnection(connection);
       open.clear();
     },
   };
+}
+
+/**
+ * Ends a mysql2 connection for good, at once. mysql2's `destroy()` only half-closes the socket (our
+ * FIN) and then waits for the server to close its side, which a frozen server never does: the
+ * socket would stay open (and keep the process alive) until the server runs again. Destroying the
+ * socket itself as well frees it now. Accepts a core connection or a promise-API one (whose core
+ * connection is `.connection`).
+ */
+export function dropConnection(connection: unknown): void {
+  const c = connection as { destroy?(): void; stream?: CoreConnection['stream']; connection?: { stream?: CoreConnection['stream'] } } | null;
+  if (!c) return;
+  const stream = c.stream ?? c.connection?.stream;
+  if (typeof c.destroy === 'function' && stream?.destroyed !== true) c.destroy();
+  if (stream && stream.destroyed !== true) stream.destroy?.();
 }
