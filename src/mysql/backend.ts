@@ -13,6 +13,7 @@ import {
   schemaStatements,
   type MysqlSchemaOptions,
 } from './schema.js';
+import { mysqlSessions, sessionBytes } from './sessions.js';
 import { checkPool, mapMysqlError, mysqlCode, RETRYABLE, SERVER_STATUS_IN_TRANS, type MysqlConnection, type MysqlPool } from './util.js';
 import { KeyPoller, type PolledKey } from './wake.js';
 
@@ -37,6 +38,12 @@ export interface MysqlBackendOptions extends MysqlSchemaOptions {
    * then takes about pollMs/2 plus a round trip. @default 10
    */
   pollMs?: number;
+  /**
+   * Offer sessions: one keep-alive per client and ttl keeps all of its leases (a row in
+   * `<table>_sessions` that their holders refer to, expiring by the server's clock), instead of
+   * one renewal per lease. `false`: each lease is renewed on its own. @default true
+   */
+  sessions?: boolean;
 }
 
 /** A statement that gets no answer this long is abandoned and its connection destroyed (server hung, network black hole). */
@@ -116,19 +123,24 @@ type Row = Record<string, unknown>;
  * plus a round trip at worst: with the default 10 ms, a p50 of 9–14 ms from the holder's release
  * call to the waiter's grant, both round trips included (MariaDB 10.11 here; see DEFAULT_POLL_MS).
  *
+ * Sessions (`sessions`, on by default): one keep-alive per client and ttl renews all of its leases,
+ * in one `CALL`; closing a session frees its leases at once and wakes their waiters (the keys'
+ * change counters move, which pollers see; this instance's own waiters hear at once).
+ *
  * Deadlocks and lock-wait timeouts roll a call back whole; it is retried inside the operation (four
  * attempts, jittered pauses), then reported as BackendUnavailableError, never as a raw driver error.
  *
- * Grants the backend's user needs: SELECT, INSERT, UPDATE, DELETE on `<table>`, `<table>_keys` and
- * `<table>_waiters`, and EXECUTE on the procedures `<table>_acquire`, `<table>_release` and
- * `<table>_cancel`; with `createSchema` (the default) also CREATE, ALTER ROUTINE and CREATE ROUTINE
- * on the database, the first time (or apply `mysqlSchemaSql()` as a migration and give
- * `createSchema: false`). The procedures run at READ COMMITTED, which needs `binlog_format` ROW or
- * MIXED if binary logging is on (the servers' defaults).
+ * Grants the backend's user needs: SELECT, INSERT, UPDATE, DELETE on `<table>`, `<table>_keys`,
+ * `<table>_waiters` and `<table>_sessions`, and EXECUTE on the procedures `<table>_acquire`,
+ * `<table>_release`, `<table>_cancel`, `<table>_keepalive` and `<table>_session_end`; with
+ * `createSchema` (the default) also CREATE, ALTER, ALTER ROUTINE and CREATE ROUTINE on the database,
+ * the first time and when upgrading a store of an earlier version (or apply `mysqlSchemaSql()` as a
+ * migration and give `createSchema: false`). The procedures run at READ COMMITTED, which needs
+ * `binlog_format` ROW or MIXED if binary logging is on (the servers' defaults).
  */
 export function mysqlBackend(options: MysqlBackendOptions): Backend {
   const o = checkObject(options, 'options');
-  checkKnownOptions(o, ['uri', 'pool', 'poolSize', 'table', 'createSchema', 'pollMs'], 'options');
+  checkKnownOptions(o, ['uri', 'pool', 'poolSize', 'table', 'createSchema', 'pollMs', 'sessions'], 'options');
   if ((o.uri === undefined) === (o.pool === undefined)) throw new InvalidArgumentError('options', 'give exactly one of uri or pool');
   if (o.uri !== undefined) checkUri(o.uri);
   if (o.pool !== undefined) checkPool(o.pool, 'pool');
@@ -136,6 +148,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   const poolSize = o.poolSize === undefined ? DEFAULT_POOL_SIZE : checkInteger(o.poolSize, 'poolSize', 1, 1_000);
   const createSchema = o.createSchema === undefined ? true : checkBoolean(o.createSchema, 'createSchema');
   const pollMs = o.pollMs === undefined ? DEFAULT_POLL_MS : checkInteger(o.pollMs, 'pollMs', 1, 60_000);
+  const withSessions = o.sessions === undefined ? true : checkBoolean(o.sessions, 'sessions');
   const n = schemaNames({ table: o.table as string | undefined });
 
   let own: OwnPool | undefined;
@@ -149,10 +162,15 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   /** The connection's database, and the version in the acquire procedure's comment (NULL: no such procedure). */
   const SCHEMA_CHECK = `SELECT DATABASE() AS db, (SELECT r.ROUTINE_COMMENT FROM information_schema.ROUTINES r
       WHERE r.ROUTINE_SCHEMA = DATABASE() AND r.ROUTINE_NAME = ? AND r.ROUTINE_TYPE = 'PROCEDURE') AS version`;
-  const ACQUIRE = `CALL ${n.acquireProc}(?, ?, ?, ?, ?, ?, ?, ?, ?)`;
-  /** Renewal: one UPDATE, only while the holder has not expired by the server's clock (I4, I7). */
+  const ACQUIRE = `CALL ${n.acquireProc}(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
+  /**
+   * Renewal: one UPDATE, only while the holder has not expired by the server's clock (I4, I7), of a
+   * holder renewed on its own. A holder bound to a session matches nothing here; its renewal is
+   * that session's keep-alive (the session and every holder bound to it live ttl from now, as in
+   * the other backends): a second round trip, only then (see sessions.ts).
+   */
   const RENEW = `UPDATE ${n.holders} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? * 1000 MICROSECOND
-    WHERE \`key\` = ? AND owner = ? AND token = CAST(? AS UNSIGNED) AND expires_at > UTC_TIMESTAMP(6)`;
+    WHERE \`key\` = ? AND owner = ? AND token = CAST(? AS UNSIGNED) AND \`session\` IS NULL AND expires_at > UTC_TIMESTAMP(6)`;
   /** Tokens travel as decimal strings and are cast exactly (a string compared with a number would be compared as a double). */
   const RELEASE = `CALL ${n.releaseProc}(?, ?, CAST(? AS UNSIGNED))`;
   const CANCEL = `CALL ${n.cancelProc}(?, ?)`;
@@ -301,7 +319,12 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
     },
   });
 
-  return {
+  const sessions = mysqlSessions(n, {
+    run,
+    changed: (key, version) => poller.changed(keyOf(key), version, true),
+  });
+
+  const backend: Backend = {
     name: 'mysql',
     capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
 
@@ -310,9 +333,15 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       const owner = ownerBytes(req.owner);
       if ([...req.holder].length > HOLDER_CHARS) throw new InvalidArgumentError('holder', `at most ${HOLDER_CHARS} characters, got ${[...req.holder].length}`);
       const limit = req.mode === 'shared' ? (req.limit ?? null) : null;
+      let session: Buffer | null = null;
+      if (req.session !== undefined) {
+        const bytes = sessionBytes(req.session);
+        if (!bytes) return { granted: false, sessionLost: true }; // longer than any session id stored: no such session
+        session = bytes;
+      }
       let r: Row;
       try {
-        r = await callRow('acquire', ACQUIRE, [key, owner, req.mode, req.ttlMs, req.lockDelayMs, req.holder, req.queue, req.queueTtlMs, limit]);
+        r = await callRow('acquire', ACQUIRE, [key, owner, req.mode, req.ttlMs, req.lockDelayMs, req.holder, req.queue, req.queueTtlMs, limit, session]);
       } catch (error) {
         const conflict = limitConflictOf(error);
         if (!conflict) throw error;
@@ -322,6 +351,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
         poller.changed(req.key, undefined, true);
         return { granted: true, token: BigInt(String(r.token)), ttlMs: req.ttlMs };
       }
+      if (Number(r.session_lost) === 1) return { granted: false, sessionLost: true };
       const version = BigInt(String(r.version));
       poller.changed(req.key, version, false); // a purge it made may let this instance's other waiters go
       const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version } };
@@ -331,8 +361,14 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
     },
 
     async renew(req: RenewRequest): Promise<RenewResult> {
-      const result = await run('renew', RENEW, [req.ttlMs, keyBytes(req.key), ownerBytes(req.owner), req.token.toString()]);
-      return (result as { affectedRows?: unknown }).affectedRows === 1 ? { renewed: true, ttlMs: req.ttlMs } : { renewed: false };
+      const key = keyBytes(req.key);
+      const owner = ownerBytes(req.owner);
+      const token = req.token.toString();
+      const result = await run('renew', RENEW, [req.ttlMs, key, owner, token]);
+      if ((result as { affectedRows?: unknown }).affectedRows === 1 || (await sessions.renewBound(key, owner, token, req.ttlMs))) {
+        return { renewed: true, ttlMs: req.ttlMs };
+      }
+      return { renewed: false };
     },
 
     async release(req: ReleaseRequest): Promise<void> {
@@ -416,6 +452,11 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       await own?.end(CLOSE_TIMEOUT_MS);
     },
   };
+  if (withSessions) {
+    const { open, keepAlive, close } = sessions;
+    backend.sessions = { open, keepAlive, close };
+  }
+  return backend;
 }
 
 /** A busy answer's position: the key's change counter. */

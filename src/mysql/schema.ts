@@ -4,9 +4,9 @@ import { checkKnownOptions, checkObject, describe } from '../core/validate.js';
 import { checkMysqlIdentifier, quoteMysql } from './util.js';
 
 /**
- * The lease store's schema on MySQL / MariaDB, as plain SQL: three InnoDB tables and three stored
- * procedures in the connection's database. Acquire, release and cancel are one `CALL` each, renew
- * one UPDATE: one round trip per operation, on any autocommit pool.
+ * The lease store's schema on MySQL / MariaDB, as plain SQL: four InnoDB tables and five stored
+ * procedures in the connection's database. Acquire, release, cancel and a session's keep-alive and
+ * end are one `CALL` each, renew one UPDATE: one round trip per operation, on any autocommit pool.
  *
  * Written for what both MariaDB 10.11 (tested here) and MySQL 8.0 run: no RETURNING, no CREATE OR
  * REPLACE PROCEDURE (DROP PROCEDURE IF EXISTS, then CREATE PROCEDURE), no MariaDB-only syntax.
@@ -14,7 +14,7 @@ import { checkMysqlIdentifier, quoteMysql } from './util.js';
  * Bump SCHEMA_VERSION whenever the DDL below changes; the backend compares it with the comment of
  * the acquire procedure (information_schema.ROUTINES) to decide whether its DDL has to run.
  */
-export const SCHEMA_VERSION = 'leasehold-locks-mysql/1';
+export const SCHEMA_VERSION = 'leasehold-locks-mysql/2';
 
 /**
  * SQLSTATE the acquire procedure SIGNALs when a request names a limit the key does not have (see
@@ -29,6 +29,8 @@ export const KEY_BYTES = 1024;
 export const OWNER_BYTES = 255;
 /** Public holder labels (core allows 200 characters). */
 export const HOLDER_CHARS = 1024;
+/** Session ids are secret and opaque; ours are 22 characters (128 random bits, base64url). A longer id names no session. */
+export const SESSION_BYTES = 64;
 
 /**
  * How long a procedure waits for a row lock another call holds (innodb_lock_wait_timeout, whole
@@ -38,15 +40,16 @@ export const HOLDER_CHARS = 1024;
  */
 export const LOCK_WAIT_S = 2;
 
-/** Longest table name: the derived names (`<table>_waiters`, `<table>_acquire`, …) must stay within MySQL's 64 characters. */
-const MAX_TABLE_NAME = 56;
+/** Longest table name: the derived names (the longest is `<table>_session_end`) must stay within MySQL's 64 characters. */
+const MAX_TABLE_NAME = 64 - '_session_end'.length;
 /** GET_LOCK names are at most 64 characters. */
 const MAX_LOCK_NAME = 64;
 
 export interface MysqlSchemaOptions {
   /**
-   * Table of current holders, in the connection's database; the others are `<table>_keys` and
-   * `<table>_waiters`, the procedures `<table>_acquire`, `<table>_release` and `<table>_cancel`.
+   * Table of current holders, in the connection's database (at most 52 characters); the others are
+   * `<table>_keys`, `<table>_waiters` and `<table>_sessions`, the procedures `<table>_acquire`,
+   * `<table>_release`, `<table>_cancel`, `<table>_keepalive` and `<table>_session_end`.
    * @default 'leasehold_locks'
    */
   table?: string;
@@ -61,9 +64,15 @@ export interface SchemaNames {
   readonly holders: string;
   /** The fair queue: one row per waiting owner, in arrival order (`seq`). */
   readonly waiters: string;
+  /** Sessions (`Backend.sessions`): one row per open session, live until `expires_at`; its holders refer to it. */
+  readonly sessions: string;
   readonly acquireProc: string;
   readonly releaseProc: string;
   readonly cancelProc: string;
+  /** A session's keep-alive (or a session-bound holder's renewal): extends the session and every holder bound to it (`sessions.ts`). */
+  readonly keepAliveProc: string;
+  /** Ends a session and frees its holders, raising their keys' change counters (`sessions.ts`). */
+  readonly sessionEndProc: string;
   /** The acquire procedure's name as information_schema.ROUTINES has it (the schema version is its COMMENT). */
   readonly acquireRoutine: string;
 }
@@ -80,9 +89,12 @@ export function schemaNames(options: MysqlSchemaOptions | undefined): SchemaName
     keys: q('_keys'),
     holders: q(''),
     waiters: q('_waiters'),
+    sessions: q('_sessions'),
     acquireProc: q('_acquire'),
     releaseProc: q('_release'),
     cancelProc: q('_cancel'),
+    keepAliveProc: q('_keepalive'),
+    sessionEndProc: q('_session_end'),
     acquireRoutine: `${table}_acquire`,
   };
 }
@@ -118,6 +130,10 @@ const BEGIN_CALL = `
 const END_CALL = `COMMIT;
     SET SESSION innodb_lock_wait_timeout = v_saved_wait;`;
 
+/** Rolls back what the call wrote (an answer that must write nothing) and puts the lock wait back. */
+const ABORT_CALL = `ROLLBACK;
+    SET SESSION innodb_lock_wait_timeout = v_saved_wait;`;
+
 /**
  * Removes the key's expired holders (and, in release, the caller's own holding: `alsoHolder`) and
  * expired queue places. The rows are read with a locking read first, so a renewal racing with the
@@ -126,8 +142,8 @@ const END_CALL = `COMMIT;
  * start (I8), and in release whether the caller's holding was live. Sets v_removed (rows gone),
  * v_purged_delay and v_released. The caller holds the key's row lock and has set v_now.
  */
-function purge(n: SchemaNames, alsoHolder: string): string {
-  const which = `h.\`key\` = p_key AND (h.expires_at <= v_now ${alsoHolder})`;
+function purge(n: SchemaNames, alsoHolder: string, key = 'p_key'): string {
+  const which = `h.\`key\` = ${key} AND (h.expires_at <= v_now ${alsoHolder})`;
   return `SELECT COUNT(*),
            MAX(CASE WHEN h.expires_at <= v_now AND h.lock_delay_ms > 0 THEN h.expires_at + INTERVAL h.lock_delay_ms * 1000 MICROSECOND END),
            COALESCE(MAX(h.expires_at > v_now), FALSE)
@@ -136,16 +152,16 @@ function purge(n: SchemaNames, alsoHolder: string): string {
     IF v_removed > 0 THEN
       DELETE h FROM ${n.holders} h WHERE ${which};
     END IF;
-    DELETE FROM ${n.waiters} WHERE \`key\` = p_key AND expires_at <= v_now;
+    DELETE FROM ${n.waiters} WHERE \`key\` = ${key} AND expires_at <= v_now;
     SET v_removed = v_removed + ROW_COUNT();
     IF v_purged_delay IS NOT NULL AND (v_delay IS NULL OR v_purged_delay > v_delay) THEN
       SET v_delay = v_purged_delay;
     END IF;`;
 }
 
-/** The key's row lock for release and cancel: a key never granted has nothing to release (and no row is made for it). */
-function lockExistingKey(n: SchemaNames): string {
-  return `SELECT COUNT(*), MAX(k.delay_until) INTO v_found, v_delay FROM ${n.keys} k WHERE k.\`key\` = p_key FOR UPDATE;`;
+/** The key's row lock for release, cancel and a session's end: a key never granted has nothing to release (and no row is made for it). */
+function lockExistingKey(n: SchemaNames, key = 'p_key'): string {
+  return `SELECT COUNT(*), MAX(k.delay_until) INTO v_found, v_delay FROM ${n.keys} k WHERE k.\`key\` = ${key} FOR UPDATE;`;
 }
 
 /** Declarations shared by the procedures (the lock wait to put back, the purge's outputs). */
@@ -160,6 +176,10 @@ const COMMON_DECLARATIONS = `
 
 const KEY_PARAM = `p_key VARBINARY(${KEY_BYTES})`;
 const OWNER_PARAM = `p_owner VARBINARY(${OWNER_BYTES})`;
+const SESSION_TYPE = `VARBINARY(${SESSION_BYTES})`;
+
+/** The acquire procedure's answer that the request's session is gone (closed, ran out, never opened). */
+const SESSION_LOST_ROW = 'SELECT FALSE AS granted, NULL AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, TRUE AS session_lost;';
 
 /**
  * The DDL as a list of statements, each idempotent (IF NOT EXISTS; DROP PROCEDURE IF EXISTS before
@@ -189,7 +209,27 @@ export function schemaStatements(n: SchemaNames): string[] {
   expires_at DATETIME(6) NOT NULL,
   lock_delay_ms BIGINT UNSIGNED NOT NULL DEFAULT 0,
   permit_limit INT NULL,
-  PRIMARY KEY (\`key\`, owner)
+  \`session\` ${SESSION_TYPE} NULL,
+  PRIMARY KEY (\`key\`, owner),
+  KEY by_session (\`session\`)
+) ENGINE=InnoDB`,
+
+    // The session a holder is bound to (NULL: renewed on its own). Its expires_at is then the
+    // session's, moved by every keep-alive, so it stays the one truth every other statement reads;
+    // a keep-alive and a session's end find the session's holders by the index. Tables made before
+    // sessions (leasehold-locks-mysql/1) get both here: MySQL 8 has no ADD COLUMN IF NOT EXISTS, so
+    // the ALTER runs only when information_schema lacks the column (one ALTER: column and index
+    // come together, or not at all).
+    ...addColumnOnce(n, 'session', `ADD COLUMN \`session\` ${SESSION_TYPE} NULL, ADD KEY by_session (\`session\`)`),
+
+    // Sessions (Backend.sessions): one row per session, live until expires_at (this server's clock,
+    // I7). Rows that ran out are deleted by the next open (by the expiry index); their holders are
+    // not touched (they expired with them, and are purged with their lock-delay like any other, I8).
+    `CREATE TABLE IF NOT EXISTS ${n.sessions} (
+  id ${SESSION_TYPE} NOT NULL,
+  expires_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (id),
+  KEY by_expiry (expires_at)
 ) ENGINE=InnoDB`,
 
     // seq orders the queue (AUTO_INCREMENT needs an index of its own).
@@ -252,6 +292,84 @@ proc: BEGIN${COMMON_DECLARATIONS}
   SELECT v_left > 0 AS left_queue, CAST(v_version AS CHAR) AS version;
 END`,
 
+    // A session's keep-alive: the session and every holder bound to it live p_ttl_ms from now (this
+    // server's clock, I7), in one call; alive FALSE when the session is gone (closed, or ran out).
+    // The session's row is locked first: acquires binding a holder to the session hold it in share
+    // mode until they commit, so the UPDATE of the holders then sees their rows.
+    // A session-bound holder's renewal calls it with p_id NULL and the holder (key, owner, token):
+    // its session is kept alive, if the holder is live and still bound to it once the session's row
+    // is locked (a release may have committed in between: then nothing is written).
+    `DROP PROCEDURE IF EXISTS ${n.keepAliveProc}`,
+    `CREATE PROCEDURE ${n.keepAliveProc}(IN p_id ${SESSION_TYPE}, IN p_ttl_ms BIGINT, IN ${KEY_PARAM}, IN ${OWNER_PARAM}, IN p_token BIGINT UNSIGNED)
+MODIFIES SQL DATA
+proc: BEGIN${COMMON_DECLARATIONS}
+  DECLARE v_id ${SESSION_TYPE};
+  DECLARE v_expiry DATETIME(6);
+  DECLARE v_bound BIGINT DEFAULT 0;${BEGIN_CALL}
+  SET v_id = p_id;
+  IF v_id IS NULL THEN
+    SET v_id = (SELECT h.\`session\` FROM ${n.holders} h
+      WHERE h.\`key\` = p_key AND h.owner = p_owner AND h.token = p_token AND h.expires_at > UTC_TIMESTAMP(6));
+  END IF;
+  IF v_id IS NOT NULL THEN
+    SELECT MAX(s.expires_at) INTO v_expiry FROM ${n.sessions} s WHERE s.id = v_id FOR UPDATE;
+  END IF;
+  SET v_now = UTC_TIMESTAMP(6);
+  IF v_expiry IS NULL OR v_expiry <= v_now THEN
+    ${END_CALL}
+    SELECT FALSE AS alive;
+    LEAVE proc;
+  END IF;
+  SET v_expiry = v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND;
+  UPDATE ${n.sessions} SET expires_at = v_expiry WHERE id = v_id;
+  UPDATE ${n.holders} SET expires_at = v_expiry WHERE \`session\` = v_id AND expires_at > v_now;
+  IF p_id IS NULL THEN
+    SELECT COUNT(*) INTO v_bound FROM ${n.holders} h
+      WHERE h.\`key\` = p_key AND h.owner = p_owner AND h.token = p_token AND h.\`session\` = v_id AND h.expires_at = v_expiry;
+    IF v_bound = 0 THEN
+      ${ABORT_CALL}
+      SELECT FALSE AS alive;
+      LEAVE proc;
+    END IF;
+  END IF;
+  ${END_CALL}
+  SELECT TRUE AS alive;
+END`,
+
+    // A session's end. A live session frees its holders at once, as their releases would (no
+    // lock-delay), key by key in key order under each key's row lock, purging what else expired
+    // there and raising the key's change counter (pollers in other processes see it); each key
+    // freed is one result set (key, version) for this instance's own waiters. A session that
+    // already ran out is only deleted: its holders expired with it, and their lock-delay starts when
+    // they are purged (I8). The last result set says whether a live session ended.
+    `DROP PROCEDURE IF EXISTS ${n.sessionEndProc}`,
+    `CREATE PROCEDURE ${n.sessionEndProc}(IN p_id ${SESSION_TYPE})
+MODIFIES SQL DATA
+proc: BEGIN${COMMON_DECLARATIONS}
+  DECLARE v_found BIGINT DEFAULT 0;
+  DECLARE v_expiry DATETIME(6);
+  DECLARE v_ended BOOLEAN DEFAULT FALSE;
+  DECLARE v_key VARBINARY(${KEY_BYTES});${BEGIN_CALL}
+  SELECT MAX(s.expires_at) INTO v_expiry FROM ${n.sessions} s WHERE s.id = p_id FOR UPDATE;
+  DELETE FROM ${n.sessions} WHERE id = p_id;
+  SET v_ended = COALESCE(v_expiry > UTC_TIMESTAMP(6), FALSE);
+  IF v_ended THEN
+    SET v_key = (SELECT MIN(h.\`key\`) FROM ${n.holders} h WHERE h.\`session\` = p_id);
+    WHILE v_key IS NOT NULL DO
+      ${lockExistingKey(n, 'v_key')}
+      SET v_now = UTC_TIMESTAMP(6);
+      ${purge(n, 'OR h.`session` = p_id', 'v_key')}
+      IF v_removed > 0 THEN
+        UPDATE ${n.keys} SET delay_until = v_delay, version = version + 1 WHERE \`key\` = v_key;
+      END IF;
+      SELECT v_key AS \`key\`, (SELECT CAST(k.version AS CHAR) FROM ${n.keys} k WHERE k.\`key\` = v_key) AS version;
+      SET v_key = (SELECT MIN(h.\`key\`) FROM ${n.holders} h WHERE h.\`session\` = p_id AND h.\`key\` > v_key);
+    END WHILE;
+  END IF;
+  ${END_CALL}
+  SELECT v_ended AS ended;
+END`,
+
     // The whole grant in one call. A busy answer that changes nothing (a live incompatible holder,
     // the caller's queue place still fresh) is read with one statement, without locking or writing.
     // A permit (p_limit set, p_mode 'shared') also conflicts with p_limit live permits, and is
@@ -263,10 +381,15 @@ END`,
     // clock only (I7), read after the row lock was granted; the client sends durations.
     // The key's change counter (version) moves whenever a waiter may go now: a holder or a queue
     // place went, or a shared grant (the next shared waiter may join); pollers compare it.
+    // A request bound to a session (p_session) is answered session_lost, writing nothing, when the
+    // session is gone; otherwise it takes the session's row in share mode (before the key's row: a
+    // session's end locks in the same order) so no keep-alive runs between reading the session's
+    // expiry and committing the holder that copies it, and the holder's expires_at is the session's.
     `DROP PROCEDURE IF EXISTS ${n.acquireProc}`,
     `CREATE PROCEDURE ${n.acquireProc}(
   IN ${KEY_PARAM}, IN ${OWNER_PARAM}, IN p_mode VARCHAR(9), IN p_ttl_ms BIGINT, IN p_lock_delay_ms BIGINT,
-  IN p_holder VARCHAR(${HOLDER_CHARS}) CHARACTER SET utf8mb4, IN p_queue BOOLEAN, IN p_queue_ttl_ms BIGINT, IN p_limit INT)
+  IN p_holder VARCHAR(${HOLDER_CHARS}) CHARACTER SET utf8mb4, IN p_queue BOOLEAN, IN p_queue_ttl_ms BIGINT, IN p_limit INT,
+  IN p_session ${SESSION_TYPE})
 MODIFIES SQL DATA
 COMMENT ${literal(SCHEMA_VERSION)}
 proc: BEGIN${COMMON_DECLARATIONS}
@@ -283,8 +406,15 @@ proc: BEGIN${COMMON_DECLARATIONS}
   DECLARE v_count BIGINT DEFAULT 0;
   DECLARE v_mismatch BOOLEAN DEFAULT FALSE;
   DECLARE v_held_limit INT;
+  DECLARE v_session_expiry DATETIME(6);
   DECLARE v_message VARCHAR(128);${BEGIN_CALL}
   SET v_now = UTC_TIMESTAMP(6);
+
+  IF p_session IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ${n.sessions} s WHERE s.id = p_session AND s.expires_at > v_now) THEN
+    ${ABORT_CALL}
+    ${SESSION_LOST_ROW}
+    LEAVE proc;
+  END IF;
 
   -- Fast path: busy, nothing to purge, nothing to refresh (one statement, no lock, no write). At
   -- most one row matches; the aggregates make it exactly one (v_busy = 0: take the slow path).
@@ -306,6 +436,14 @@ proc: BEGIN${COMMON_DECLARATIONS}
     SET v_holder = (SELECT h.holder FROM ${n.holders} h WHERE h.\`key\` = p_key AND h.expires_at > v_now ORDER BY h.token LIMIT 1);
     SET v_first_expiry = (SELECT MIN(h.expires_at) FROM ${n.holders} h WHERE h.\`key\` = p_key AND h.expires_at > v_now);
   ELSE
+    IF p_session IS NOT NULL THEN
+      SELECT MAX(s.expires_at) INTO v_session_expiry FROM ${n.sessions} s WHERE s.id = p_session LOCK IN SHARE MODE;
+      IF v_session_expiry IS NULL OR v_session_expiry <= UTC_TIMESTAMP(6) THEN
+        ${ABORT_CALL}
+        ${SESSION_LOST_ROW}
+        LEAVE proc;
+      END IF;
+    END IF;
     -- Lock the key's row, creating it on first use (a duplicate takes the row's exclusive lock too,
     -- so first users queue on it instead of deadlocking).
     SELECT COUNT(*), MAX(k.delay_until), MAX(k.version) INTO v_busy, v_delay, v_version
@@ -315,12 +453,18 @@ proc: BEGIN${COMMON_DECLARATIONS}
       SELECT k.delay_until, k.version INTO v_delay, v_version FROM ${n.keys} k WHERE k.\`key\` = p_key FOR UPDATE;
     END IF;
     SET v_now = UTC_TIMESTAMP(6);
+    IF v_session_expiry <= v_now THEN
+      -- the session ran out while this call waited for the key (the first use's key row is rolled back too)
+      ${ABORT_CALL}
+      ${SESSION_LOST_ROW}
+      LEAVE proc;
+    END IF;
     ${purge(n, '')}
     SET v_changed = v_removed > 0;
 
     -- The holders left are live: is the caller one of them (a retried request whose answer was
-    -- lost gets its own grant back, its expiry counted from this request: I5), does anyone
-    -- conflict, how many hold, when does the first expire.
+    -- lost gets its own grant back, its expiry counted from this request (I5), bound to the session
+    -- it asks with now), does anyone conflict, how many hold, when does the first expire.
     SELECT MAX(CASE WHEN h.owner = p_owner THEN h.token END),
            COALESCE(MAX(p_mode = 'exclusive' OR h.mode = 'exclusive'), FALSE),
            COUNT(*),
@@ -331,12 +475,13 @@ proc: BEGIN${COMMON_DECLARATIONS}
     SET v_holder = (SELECT h.holder FROM ${n.holders} h WHERE h.\`key\` = p_key ORDER BY h.token LIMIT 1);
 
     IF v_token IS NOT NULL THEN
-      UPDATE ${n.holders} SET expires_at = v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND WHERE \`key\` = p_key AND owner = p_owner;
+      UPDATE ${n.holders} SET expires_at = COALESCE(v_session_expiry, v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND), \`session\` = p_session
+        WHERE \`key\` = p_key AND owner = p_owner;
       IF v_changed THEN
         UPDATE ${n.keys} SET delay_until = v_delay, version = version + 1 WHERE \`key\` = p_key;
       END IF;
       ${END_CALL}
-      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version;
+      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost;
       LEAVE proc;
     END IF;
 
@@ -371,11 +516,11 @@ proc: BEGIN${COMMON_DECLARATIONS}
         SET last_token = last_token + 1, delay_until = v_delay, version = version + IF(v_changed, 1, 0)
         WHERE \`key\` = p_key;
       SET v_token = (SELECT k.last_token FROM ${n.keys} k WHERE k.\`key\` = p_key);
-      INSERT INTO ${n.holders} (\`key\`, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms, permit_limit)
-        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND, p_lock_delay_ms,
-                IF(p_mode = 'shared', p_limit, NULL));
+      INSERT INTO ${n.holders} (\`key\`, owner, mode, token, holder, acquired_at, expires_at, lock_delay_ms, permit_limit, \`session\`)
+        VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, COALESCE(v_session_expiry, v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND),
+                p_lock_delay_ms, IF(p_mode = 'shared', p_limit, NULL), p_session);
       ${END_CALL}
-      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version;
+      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost;
       LEAVE proc;
     END IF;
 
@@ -398,8 +543,25 @@ proc: BEGIN${COMMON_DECLARATIONS}
                        ELSE GREATEST(v_first_expiry, v_live_delay) END;
   SELECT FALSE AS granted, NULL AS token, v_holder AS holder,
     IF(v_soonest IS NULL, NULL, CAST(GREATEST(0, CEIL(TIMESTAMPDIFF(MICROSECOND, v_now, v_soonest) / 1000)) AS CHAR)) AS retry_in_ms,
-    CAST(v_version AS CHAR) AS version;
+    CAST(v_version AS CHAR) AS version, FALSE AS session_lost;
 END`,
+  ];
+}
+
+/**
+ * Statements that add a column (with what comes with it) to the holders' table unless it is there:
+ * the ALTER is chosen by a look at information_schema and run as a prepared statement, so the DDL
+ * stays plain SQL (for mysqlSchemaSql) and idempotent on MySQL 8, which has no ADD COLUMN IF NOT EXISTS.
+ */
+function addColumnOnce(n: SchemaNames, column: string, alteration: string): string[] {
+  const alter = `ALTER TABLE ${n.holders} ${alteration}`;
+  return [
+    `SET @leasehold_ddl = IF(EXISTS (SELECT 1 FROM information_schema.COLUMNS
+  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ${literal(n.table)} AND COLUMN_NAME = ${literal(column)}), 'DO 0', ${literal(alter)})`,
+    'PREPARE leasehold_ddl FROM @leasehold_ddl',
+    'EXECUTE leasehold_ddl',
+    'DEALLOCATE PREPARE leasehold_ddl',
+    'SET @leasehold_ddl = NULL',
   ];
 }
 
@@ -421,9 +583,12 @@ export interface MysqlSchemaSqlOptions extends MysqlSchemaOptions {
 /**
  * The DDL of the lease store for `{ table }`, for users who manage schemas themselves: run it once
  * in the application's database (it is idempotent) as a user that may create tables and routines
- * (CREATE, ALTER ROUTINE, CREATE ROUTINE), then give the backend `createSchema: false`. The backend's
- * own user then needs only SELECT, INSERT, UPDATE and DELETE on the three tables and EXECUTE on the
- * three procedures.
+ * (CREATE, ALTER, ALTER ROUTINE, CREATE ROUTINE), then give the backend `createSchema: false`. The
+ * backend's own user then needs only SELECT, INSERT, UPDATE and DELETE on the four tables
+ * (`<table>`, `<table>_keys`, `<table>_waiters`, `<table>_sessions`) and EXECUTE on the five
+ * procedures (`<table>_acquire`, `_release`, `_cancel`, `_keepalive`, `_session_end`). Run again on
+ * a store of an earlier version (leasehold-locks-mysql/1), the same SQL upgrades it in place: it adds
+ * the sessions table and the holders' session column and index, and replaces the procedures.
  */
 export function mysqlSchemaSql(options?: MysqlSchemaSqlOptions): string {
   const o = checkObject(options, 'options');

@@ -133,7 +133,9 @@ describe('mysql backend: statements and schema', () => {
     expect(rows).toEqual([
       { name: `${table}_acquire`, version: SCHEMA_VERSION },
       { name: `${table}_cancel`, version: '' },
+      { name: `${table}_keepalive`, version: '' },
       { name: `${table}_release`, version: '' },
+      { name: `${table}_session_end`, version: '' },
     ]);
   });
 
@@ -160,9 +162,10 @@ describe('mysql backend: statements and schema', () => {
     users.push(user);
     for (const host of ['%', 'localhost']) {
       await admin.query(`CREATE USER '${user}'@'${host}'`);
-      for (const t of [table, `${table}_keys`, `${table}_waiters`])
+      for (const t of [table, `${table}_keys`, `${table}_waiters`, `${table}_sessions`])
         await admin.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON \`${t}\` TO '${user}'@'${host}'`);
-      for (const p of ['acquire', 'release', 'cancel']) await admin.query(`GRANT EXECUTE ON PROCEDURE \`${table}_${p}\` TO '${user}'@'${host}'`);
+      for (const p of ['acquire', 'release', 'cancel', 'keepalive', 'session_end'])
+        await admin.query(`GRANT EXECUTE ON PROCEDURE \`${table}_${p}\` TO '${user}'@'${host}'`);
     }
     const url = new URL(MYSQL_URL);
     url.username = user;
