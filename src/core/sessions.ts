@@ -177,7 +177,9 @@ export class Session {
  * with no end, which is worse: waiters would starve while this client runs. So the key is free a
  * ttl after the failed release plus one close round trip; if the coordinator refuses the close too,
  * the session expires by the coordinator's clock at most a ttl after its last keep-alive, so within
- * 2 × ttl of the release.
+ * 2 × ttl of the release. (A release only counts as failed once its call has failed or timed out, at
+ * most `operationTimeoutMs` after it was sent: one that hangs longer than the ttl ends the session
+ * as soon as it fails, without a retry.)
  */
 export class SessionPool {
   readonly #sessions: SessionSupport;
