@@ -1,7 +1,7 @@
-import mysql from 'mysql2/promise';
 import { mysqlBackend } from '../../src/mysql/index.js';
 import { backendConformance } from '../../src/testing/index.js';
 import { MYSQL_URL, uniqueName } from '../helpers/env.js';
+import { dropLeaseTables } from '../mysql/support.js';
 
 // The shared server is not restarted here (other tests use it); restarts are covered by the MySQL
 // failure tests on a server of their own.
@@ -12,14 +12,6 @@ backendConformance('mysql', async () => {
     connect: async () => mysqlBackend({ uri: MYSQL_URL, table, poolSize: 4 }),
     prefix: 'conf',
     ttlMs: 400,
-    cleanup: async () => {
-      const admin = await mysql.createConnection({ uri: MYSQL_URL });
-      try {
-        for (const suffix of ['', '_keys', '_waiters']) await admin.query(`DROP TABLE IF EXISTS \`${table}${suffix}\``);
-        for (const suffix of ['_acquire', '_release', '_cancel']) await admin.query(`DROP PROCEDURE IF EXISTS \`${table}${suffix}\``);
-      } finally {
-        await admin.end();
-      }
-    },
+    cleanup: () => dropLeaseTables(table),
   };
 });

@@ -9,6 +9,7 @@ import mysql from 'mysql2/promise';
 import { mysqlIdempotencyStore } from '../../src/mysql/index.js';
 import { MYSQL_URL, uniqueName } from '../helpers/env.js';
 import { processScenarios } from '../helpers/idempotency.js';
+import { dropLeaseTables } from './support.js';
 
 processScenarios('mysql', async () => {
   const prefix = uniqueName('lh_ip');
@@ -29,8 +30,8 @@ processScenarios('mysql', async () => {
       (await rowsOf<{ state: string; value: string | null }>(pool.query(`SELECT state, value FROM ${prefix}_flags WHERE \`key\` = ?`, [key])))[0],
     cleanup: async () => {
       const locks = `${prefix}_locks`;
-      await pool.query(`DROP TABLE IF EXISTS ${prefix}_effects, ${prefix}_flags, ${prefix}_records, ${locks}, ${locks}_keys, ${locks}_waiters`);
-      for (const suffix of ['_acquire', '_release', '_cancel']) await pool.query(`DROP PROCEDURE IF EXISTS ${locks}${suffix}`);
+      await pool.query(`DROP TABLE IF EXISTS ${prefix}_effects, ${prefix}_flags, ${prefix}_records`);
+      await dropLeaseTables(locks);
       await pool.end();
     },
   };

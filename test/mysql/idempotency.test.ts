@@ -15,14 +15,9 @@ import { Locks } from '../../src/core/locks.js';
 import { mysqlBackend, mysqlIdempotencyStore } from '../../src/mysql/index.js';
 import { MYSQL_URL, uniqueName } from '../helpers/env.js';
 import { idempotencyScenarios } from '../helpers/idempotency.js';
+import { dropLeaseTables } from './support.js';
 
 const rowsOf = async <T>(answer: Promise<[unknown, unknown]>): Promise<T[]> => (await answer)[0] as T[];
-
-/** Drops the lease tables and procedures mysqlBackend made for `table`. */
-async function dropLeaseTables(admin: mysql.Pool, table: string): Promise<void> {
-  await admin.query(`DROP TABLE IF EXISTS \`${table}\`, \`${table}_keys\`, \`${table}_waiters\``);
-  for (const suffix of ['_acquire', '_release', '_cancel']) await admin.query(`DROP PROCEDURE IF EXISTS \`${table}${suffix}\``);
-}
 
 idempotencyScenarios('mysql', async () => {
   const locksTable = uniqueName('lh_ilocks');
@@ -48,7 +43,7 @@ idempotencyScenarios('mysql', async () => {
     asyncEffect: true,
     cleanup: async () => {
       await admin.query(`DROP TABLE IF EXISTS ${records}, ${effects}`);
-      await dropLeaseTables(admin, locksTable);
+      await dropLeaseTables(locksTable);
       await Promise.all(pools.map((p) => p.end()));
     },
   };

@@ -3,12 +3,26 @@ import mysql from 'mysql2/promise';
 import type { MysqlPool } from '../../src/mysql/index.js';
 import { MYSQL_URL } from '../helpers/env.js';
 
-/** Drops a lease table's tables and procedures (what the backend creates for `table`). */
+/**
+ * Drops everything the backend made for `table`: the table itself and every table and procedure
+ * named `<table>_…` in the current database (read from information_schema, so a table or procedure
+ * a later schema adds is dropped too, without a list to keep up to date).
+ */
 export async function dropLeaseTables(table: string): Promise<void> {
   const admin = await mysql.createConnection({ uri: MYSQL_URL });
   try {
-    for (const suffix of ['', '_keys', '_waiters']) await admin.query(`DROP TABLE IF EXISTS \`${table}${suffix}\``);
-    for (const suffix of ['_acquire', '_release', '_cancel']) await admin.query(`DROP PROCEDURE IF EXISTS \`${table}${suffix}\``);
+    // `_` and `%` are LIKE wildcards: escape them so only `<table>_…` matches
+    const like = `${table.replace(/[\\_%]/g, (c) => `\\${c}`)}\\_%`;
+    const [tables] = await admin.query(
+      `SELECT TABLE_NAME AS name FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND (TABLE_NAME = ? OR TABLE_NAME LIKE ?)`,
+      [table, like],
+    );
+    for (const { name } of tables as { name: string }[]) await admin.query(`DROP TABLE IF EXISTS \`${name}\``);
+    const [procedures] = await admin.query(
+      `SELECT ROUTINE_NAME AS name FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE ?`,
+      [like],
+    );
+    for (const { name } of procedures as { name: string }[]) await admin.query(`DROP PROCEDURE IF EXISTS \`${name}\``);
   } finally {
     await admin.end();
   }
