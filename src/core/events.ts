@@ -19,9 +19,19 @@ export interface LockEvents {
    * retried. Once per round trip, named like `renewed`. Does not fire on loss.
    */
   renewFailed: { key: string; token: bigint; leases: number; error: LeaseholdError; remainingMs: number };
-  /** The lease was released by its holder. Does not fire for a lease that was already lost. */
+  /**
+   * The lease was released by its holder. Does not fire for a lease that was already lost. After
+   * `releaseFailed` it fires once more for that lease when the background retry of a session lease
+   * gets through (`heldMs` counted to it).
+   */
   released: { key: string; token: bigint; heldMs: number };
-  /** Releasing failed (the coordinator was unreachable); the key frees itself when the ttl runs out. */
+  /**
+   * Releasing failed (`release()` rejected with `error`); once per release. A lease kept on its own
+   * frees its key when its ttl runs out. A session lease's release is retried in the background:
+   * `released` follows when a retry gets through; if none does within the ttl, the session is ended
+   * (its other leases fire `lost`, reason `session-lost`) so the key is freed; a session that ends
+   * first frees it with no further event.
+   */
   releaseFailed: { key: string; token: bigint; error: LeaseholdError };
   /** The lease was lost; `lease.signal` was aborted with `error` at the same moment. Never fires after `released`. */
   lost: { key: string; token: bigint; reason: LossReason; error: LeaseLostError; heldMs: number };
