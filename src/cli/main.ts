@@ -30,7 +30,7 @@ import { addServeCommand } from './serve.js';
 import { verifyCommand } from './verify.js';
 
 const USAGE = Object.freeze({
-  program: 'leasehold <run|ls|demo|verify|dashboard> [options]   (leasehold --help)',
+  program: 'leasehold <run|ls|demo|verify|dashboard|serve> [options]   (leasehold --help)',
   run: 'leasehold run KEY [--ttl 30s] [--wait 0] [--limit N] [--min-hold D] [--label TEXT] [--url URL] [--grace 10s] [--mode exclusive|shared] -- COMMAND [ARGS...]',
   ls: 'leasehold ls [PREFIX] [--url URL] [--json]',
   demo: 'leasehold demo [--ttl 1s] [--pause 1.2s] [--dir DIR] [--url URL] [--dashboard] [--host 127.0.0.1] [--port 7071]',
