@@ -109,6 +109,32 @@ describe('over a plain server', () => {
   });
 });
 
+describe('over a server whose backend has no sessions', () => {
+  const coordinator = memoryBackend();
+  let server: RunningLockServer;
+  beforeAll(async () => {
+    server = await startLockServer({ backend: coordinator, port: 0 });
+  });
+  afterAll(async () => {
+    await server.close();
+    await coordinator.close();
+  });
+
+  it('the client keeps its sessions itself (the server answers 501): one keep-alive renews each lease; close frees them', async () => {
+    const locks = new Locks({ backend: httpBackend({ url: server.url }) });
+    const renewed: number[] = [];
+    locks.on('renewed', (e) => renewed.push(e.leases));
+    const leases = await Promise.all([0, 1, 2, 3, 4].map((i) => locks.acquire(`nosession/${i}`, { ttlMs: 1_500 })));
+    await sleep(3_000); // twice the ttl: only renewals keep them
+    expect(leases.every((l) => l.held)).toBe(true);
+    expect(renewed.length).toBeGreaterThan(0);
+    expect(renewed.every((n) => n === 5)).toBe(true); // one keep-alive for the five (five requests under it)
+    expect((await coordinator.inspect('nosession/')).map((s) => s.holders.length)).toEqual([1, 1, 1, 1, 1]);
+    await locks.close();
+    expect((await coordinator.inspect('nosession/')).every((s) => s.holders.length === 0)).toBe(true);
+  });
+});
+
 describe('over a server with --auth', () => {
   const coordinator = memoryBackend({ sessions: true });
   let server: RunningLockServer;
