@@ -1,7 +1,7 @@
 import type { AcquireRequest, AcquireResult, Backend, KeyState, ReleaseRequest, RenewRequest, RenewResult } from '../core/backend.js';
 import { BackendUnavailableError, ClosedError, InvalidArgumentError, LeaseholdError, limitConflict } from '../core/errors.js';
 import { checkBoolean, checkInteger, checkKnownOptions, checkObject, describe, type LockMode } from '../core/validate.js';
-import { createOwnPool, type OwnPool } from './pool.js';
+import { createOwnPool, dropConnection, type OwnPool } from './pool.js';
 import {
   ddlLockName,
   HOLDER_CHARS,
@@ -83,17 +83,6 @@ const RETRY_BASE_MS = 10;
 
 /** Server errors saying the lease store is not there (dropped, or never created with createSchema: false). */
 const MISSING = new Set(['ER_SP_DOES_NOT_EXIST', 'ER_NO_SUCH_TABLE']);
-/**
- * A release that failed (its connection killed, the server unreachable, a lock wait that ran out) is
- * asked again in the background after this long, the pause doubling up to RELEASE_RETRY_MAX_MS, until
- * the server answers it, the backend closes, or RELEASE_RETRY_FOR_MS has passed. Release is
- * idempotent and never removes a newer holder (I4), so asking again is safe; and a session-bound
- * holder whose release was lost would otherwise live as long as its session, which the client's
- * other leases keep alive.
- */
-const RELEASE_RETRY_MS = 100;
-const RELEASE_RETRY_MAX_MS = 5_000;
-const RELEASE_RETRY_FOR_MS = 10 * 60_000;
 /** SET TRANSACTION refused: the pool's connection came with a transaction open (START TRANSACTION would commit it). */
 const TRANSACTION_OPEN = 'ER_CANT_CHANGE_TX_CHARACTERISTICS';
 
@@ -140,9 +129,8 @@ type Row = Record<string, unknown>;
  *
  * Deadlocks and lock-wait timeouts roll a call back whole; it is retried inside the operation (four
  * attempts, jittered pauses), then reported as BackendUnavailableError, never as a raw driver error.
- * A release that fails is reported so, and asked again in the background until the server answers
- * it (see RELEASE_RETRY_MS): a session-bound lease whose release was lost must not live on with the
- * session.
+ * A release that fails is reported so; core asks again for a session-bound lease (its session's
+ * keep-alives would otherwise keep the holder alive), as for every backend.
  *
  * Grants the backend's user needs: SELECT, INSERT, UPDATE, DELETE on `<table>`, `<table>_keys`,
  * `<table>_waiters` and `<table>_sessions`, and EXECUTE on the procedures `<table>_acquire`,
@@ -216,7 +204,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
     LEFT JOIN ${n.holders} h ON h.\`key\` = l.\`key\` AND h.expires_at > UTC_TIMESTAMP(6)
     ORDER BY l.\`key\`, h.token`;
 
-  /** Runs `fn` on one pooled connection, bounded by `ms`: a connection that broke or hung is destroyed, not given back. */
+  /** Runs `fn` on one pooled connection, bounded by `ms`: a connection that broke or hung is dropped (its socket freed at once), not given back. */
   const onConnection = async <T>(ms: number, fn: (c: MysqlConnection & QueryConnection) => Promise<T>): Promise<T> => {
     const c = (await pool.getConnection()) as MysqlConnection & QueryConnection;
     let broken = false;
@@ -228,7 +216,9 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       if ((error as { fatal?: unknown } | null)?.fatal === true) broken = true;
       throw error;
     } finally {
-      if (broken && typeof c.destroy === 'function') c.destroy();
+      // dropConnection, not destroy(): mysql2's destroy() half-closes the socket and waits for the
+      // server's FIN, which a frozen server never sends (the socket would stay open until it runs again).
+      if (broken) dropConnection(c);
       else c.release();
     }
   };
@@ -337,23 +327,6 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   const released = (key: string, r: Row): void => {
     if (r.version !== null && r.version !== undefined) poller.changed(key, BigInt(String(r.version)), true);
   };
-  /** Failed releases asked again in the background (see RELEASE_RETRY_MS); their timers, cleared by close(). */
-  const retries = new Set<ReturnType<typeof setTimeout>>();
-  const releaseLater = (key: string, values: unknown[], delayMs: number, until: number): void => {
-    if (closed || performance.now() + delayMs > until) return;
-    const timer = setTimeout(() => {
-      retries.delete(timer);
-      callRow('release', RELEASE, values).then(
-        (r) => released(key, r),
-        (error: unknown) => {
-          if (error instanceof BackendUnavailableError) releaseLater(key, values, Math.min(2 * delayMs, RELEASE_RETRY_MAX_MS), until);
-        },
-      );
-    }, delayMs);
-    timer.unref?.(); // a process with nothing else to do exits; its session, no longer kept alive, then frees the key
-    retries.add(timer);
-  };
-
   const sessions = mysqlSessions(n, {
     run,
     changed: (key, version) => poller.changed(keyOf(key), version, true),
@@ -407,13 +380,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
     },
 
     async release(req: ReleaseRequest): Promise<void> {
-      const values = [keyBytes(req.key), ownerBytes(req.owner), req.token.toString()];
-      try {
-        released(req.key, await callRow('release', RELEASE, values));
-      } catch (error) {
-        if (error instanceof BackendUnavailableError) releaseLater(req.key, values, RELEASE_RETRY_MS, performance.now() + RELEASE_RETRY_FOR_MS);
-        throw error;
-      }
+      released(req.key, await callRow('release', RELEASE, [keyBytes(req.key), ownerBytes(req.owner), req.token.toString()]));
     },
 
     async cancelWait({ key, owner }) {
@@ -489,8 +456,6 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       if (closed) return;
       closed = true;
       poller.close();
-      for (const timer of retries) clearTimeout(timer);
-      retries.clear();
       await own?.end(CLOSE_TIMEOUT_MS);
     },
   };
