@@ -5,6 +5,7 @@ import { createOwnPool, dropConnection, type OwnPool } from './pool.js';
 import {
   ddlLockName,
   HOLDER_CHARS,
+  queueHeads,
   KEY_BYTES,
   LIMIT_CONFLICT_STATE,
   OWNER_BYTES,
@@ -119,6 +120,8 @@ type Row = Record<string, unknown>;
  * Wake-ups: the server cannot push, so a waiting backend instance polls the change counters of the
  * keys its waiters wait for, one statement every `pollMs` (default 10 ms) for all of them, and only
  * while someone waits; a release made through the same instance wakes its own waiters at once.
+ * Only the waiters the queue lets go are woken (the head, or the run of shared waiters at the
+ * head): the others do not ask again on every release (see wake.ts).
  * A hand-off between processes therefore costs about pollMs/2 plus a round trip on average, pollMs
  * plus a round trip at worst: with the default 10 ms, a p50 of 9–14 ms from the holder's release
  * call to the waiter's grant, both round trips included (MariaDB 10.11 here; see DEFAULT_POLL_MS).
@@ -176,9 +179,14 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   /** Tokens travel as decimal strings and are cast exactly (a string compared with a number would be compared as a double). */
   const RELEASE = `CALL ${n.releaseProc}(?, ?, CAST(? AS UNSIGNED))`;
   const CANCEL = `CALL ${n.cancelProc}(?, ?)`;
-  /** A poll round: each key's change counter, last token and live holders by the server's clock (see wake.ts). */
+  /**
+   * A poll round: each key's change counter, last token and live holders by the server's clock, and
+   * the first live queue place and first exclusive one, from which the last place that could be
+   * granted now is worked out (see wake.ts and uptoOf). Read-only, one statement.
+   */
   const POLL = `SELECT k.\`key\` AS \`key\`, CAST(k.version AS CHAR) AS version, CAST(k.last_token AS CHAR) AS last_token,
-      (SELECT COUNT(*) FROM ${n.holders} h WHERE h.\`key\` = k.\`key\` AND h.expires_at > UTC_TIMESTAMP(6)) AS live
+      (SELECT COUNT(*) FROM ${n.holders} h WHERE h.\`key\` = k.\`key\` AND h.expires_at > UTC_TIMESTAMP(6)) AS live,
+      ${queueHeads(n, 'k.`key`')}
     FROM ${n.keys} k WHERE k.\`key\` IN (?)`;
   /**
    * Read-only, one statement (one snapshot, one instant: UTC_TIMESTAMP is fixed per statement): the
@@ -316,7 +324,12 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
         const batch = keys.slice(i, i + POLL_BATCH).map((k) => Buffer.from(k, 'utf8'));
         const rows = (await run('poll', POLL, [batch])) as Row[];
         for (const r of rows) {
-          states.set(keyOf(r.key), { version: BigInt(String(r.version)), lastToken: String(r.last_token), live: Number(r.live) });
+          states.set(keyOf(r.key), {
+            version: BigInt(String(r.version)),
+            lastToken: String(r.last_token),
+            live: Number(r.live),
+            upto: uptoOf(r.head, r.exclusive_head),
+          });
         }
       }
       return states;
@@ -325,11 +338,11 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 
   /** A release answered: this instance's waiters and watchers of the key hear of it at once. */
   const released = (key: string, r: Row): void => {
-    if (r.version !== null && r.version !== undefined) poller.changed(key, BigInt(String(r.version)), true);
+    if (r.version !== null && r.version !== undefined) poller.changed(key, BigInt(String(r.version)), true, uptoOf(r.head, r.exclusive_head));
   };
   const sessions = mysqlSessions(n, {
     run,
-    changed: (key, version) => poller.changed(keyOf(key), version, true),
+    changed: (key, version, head, exclusiveHead) => poller.changed(keyOf(key), version, true, uptoOf(head, exclusiveHead)),
   });
 
   const backend: Backend = {
@@ -362,7 +375,8 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       if (Number(r.session_lost) === 1) return { granted: false, sessionLost: true };
       const version = BigInt(String(r.version));
       poller.changed(req.key, version, false); // a purge it made may let this instance's other waiters go
-      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version } };
+      const seq = r.seq === null || r.seq === undefined ? undefined : BigInt(String(r.seq));
+      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version, seq } };
       if (typeof r.holder === 'string') busy.holder = r.holder;
       if (r.retry_in_ms !== null && r.retry_in_ms !== undefined) busy.retryInMs = Number(r.retry_in_ms);
       return busy;
@@ -385,7 +399,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 
     async cancelWait({ key, owner }) {
       const r = await callRow('cancel wait', CANCEL, [keyBytes(key), ownerBytes(owner)]);
-      if (r.version !== null && r.version !== undefined) poller.changed(key, BigInt(String(r.version)), false);
+      if (r.version !== null && r.version !== undefined) poller.changed(key, BigInt(String(r.version)), false, uptoOf(r.head, r.exclusive_head));
     },
 
     async inspect(prefix: string): Promise<KeyState[]> {
@@ -426,12 +440,13 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       return states;
     },
 
-    /** Wakes the waiter when the key's change counter passes the busy answer's (see wake.ts). */
+    /** Wakes the waiter when the key's change counter passes the busy answer's and the queue's head has reached its place (see wake.ts). */
     async subscribe(key: string, onChange: () => void, cursor?: unknown): Promise<() => void> {
       if (closed) throw new ClosedError('mysql backend');
       await init();
       try {
-        return await poller.subscribe(key, onChange, isCursor(cursor) ? cursor.version : undefined);
+        const c = isCursor(cursor) ? cursor : undefined;
+        return await poller.subscribe(key, onChange, c?.version, c?.seq);
       } catch (error) {
         throw mapError('subscribe', error);
       }
@@ -466,13 +481,28 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
   return backend;
 }
 
-/** A busy answer's position: the key's change counter. */
+/** A busy answer's position: the key's change counter, and the caller's place in the key's queue (if queued). */
 interface Cursor {
   readonly version: bigint;
+  readonly seq: bigint | undefined;
 }
 
 function isCursor(value: unknown): value is Cursor {
   return typeof value === 'object' && value !== null && typeof (value as Cursor).version === 'bigint';
+}
+
+/**
+ * The last queue place that could be granted now, from a poll row: the head's if it is exclusive;
+ * else the run of shared places at the head (up to the first exclusive one, or all of them). Null
+ * when nobody is queued. A permit waiter may be in that run but beyond the free permits: it is
+ * woken and asked again, which errs towards waking, never against.
+ */
+function uptoOf(head: unknown, exclusiveHead: unknown): bigint | null {
+  if (head === null || head === undefined) return null;
+  const first = BigInt(String(head));
+  if (exclusiveHead === null || exclusiveHead === undefined) return null;
+  const exclusive = BigInt(String(exclusiveHead));
+  return exclusive === first ? first : exclusive - 1n;
 }
 
 function checkUri(value: unknown): void {

@@ -13,8 +13,11 @@ import { checkMysqlIdentifier, quoteMysql } from './util.js';
  *
  * Bump SCHEMA_VERSION whenever the DDL below changes; the backend compares it with the comment of
  * the acquire procedure (information_schema.ROUTINES) to decide whether its DDL has to run.
+ * /2 added sessions (a table, a column and index on the holders); /3 only changed procedures (the
+ * acquire's busy answer gives the caller's queue place, release, cancel and a session's end the
+ * queue's head, for the pollers' wake-ups: see wake.ts), so a /2 store is upgraded by re-creating them.
  */
-export const SCHEMA_VERSION = 'leasehold-locks-mysql/2';
+export const SCHEMA_VERSION = 'leasehold-locks-mysql/3';
 
 /**
  * SQLSTATE the acquire procedure SIGNALs when a request names a limit the key does not have (see
@@ -159,6 +162,17 @@ function purge(n: SchemaNames, alsoHolder: string, key = 'p_key'): string {
     END IF;`;
 }
 
+/**
+ * The key's first live queue place and first exclusive one (\`head\`, \`exclusive_head\`), after a
+ * change: this instance's pollers wake at once only the waiters whose place that lets go (see
+ * wake.ts), as a poll round would. Read after the commit (the call's last result set).
+ */
+export function queueHeads(n: SchemaNames, key = 'p_key'): string {
+  const live = `w.\`key\` = ${key} AND w.expires_at > UTC_TIMESTAMP(6)`;
+  return `(SELECT CAST(MIN(w.seq) AS CHAR) FROM ${n.waiters} w WHERE ${live}) AS head,
+    (SELECT CAST(MIN(w.seq) AS CHAR) FROM ${n.waiters} w WHERE ${live} AND w.mode = 'exclusive') AS exclusive_head`;
+}
+
 /** The key's row lock for release, cancel and a session's end: a key never granted has nothing to release (and no row is made for it). */
 function lockExistingKey(n: SchemaNames, key = 'p_key'): string {
   return `SELECT COUNT(*), MAX(k.delay_until) INTO v_found, v_delay FROM ${n.keys} k WHERE k.\`key\` = ${key} FOR UPDATE;`;
@@ -179,7 +193,7 @@ const OWNER_PARAM = `p_owner VARBINARY(${OWNER_BYTES})`;
 const SESSION_TYPE = `VARBINARY(${SESSION_BYTES})`;
 
 /** The acquire procedure's answer that the request's session is gone (closed, ran out, never opened). */
-const SESSION_LOST_ROW = 'SELECT FALSE AS granted, NULL AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, TRUE AS session_lost;';
+const SESSION_LOST_ROW = 'SELECT FALSE AS granted, NULL AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, TRUE AS session_lost, NULL AS seq;';
 
 /**
  * The DDL as a list of statements, each idempotent (IF NOT EXISTS; DROP PROCEDURE IF EXISTS before
@@ -264,7 +278,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
   END IF;
   SET v_version = (SELECT k.version FROM ${n.keys} k WHERE k.\`key\` = p_key);
   ${END_CALL}
-  SELECT v_released AS released, CAST(v_version AS CHAR) AS version;
+  SELECT v_released AS released, CAST(v_version AS CHAR) AS version, ${queueHeads(n)};
 END`,
 
     // A waiter that gave up leaves the queue, so the next one need not wait for its place to expire.
@@ -289,7 +303,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
   END IF;
   SET v_version = (SELECT k.version FROM ${n.keys} k WHERE k.\`key\` = p_key);
   ${END_CALL}
-  SELECT v_left > 0 AS left_queue, CAST(v_version AS CHAR) AS version;
+  SELECT v_left > 0 AS left_queue, CAST(v_version AS CHAR) AS version, ${queueHeads(n)};
 END`,
 
     // A session's keep-alive: the session and every holder bound to it live p_ttl_ms from now (this
@@ -362,7 +376,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
       IF v_removed > 0 THEN
         UPDATE ${n.keys} SET delay_until = v_delay, version = version + 1 WHERE \`key\` = v_key;
       END IF;
-      SELECT v_key AS \`key\`, (SELECT CAST(k.version AS CHAR) FROM ${n.keys} k WHERE k.\`key\` = v_key) AS version;
+      SELECT v_key AS \`key\`, (SELECT CAST(k.version AS CHAR) FROM ${n.keys} k WHERE k.\`key\` = v_key) AS version, ${queueHeads(n, 'v_key')};
       SET v_key = (SELECT MIN(h.\`key\`) FROM ${n.holders} h WHERE h.\`session\` = p_id AND h.\`key\` > v_key);
     END WHILE;
   END IF;
@@ -380,7 +394,9 @@ END`,
     // caller's place in the queue and say when to retry. Expiry instants come from this server's
     // clock only (I7), read after the row lock was granted; the client sends durations.
     // The key's change counter (version) moves whenever a waiter may go now: a holder or a queue
-    // place went, or a shared grant (the next shared waiter may join); pollers compare it.
+    // place went, or a shared grant (the next shared waiter may join); pollers compare it. A busy
+    // answer to a queued request also gives the caller's place (seq): pollers wake a waiter only when
+    // the queue's head has reached its place (see wake.ts), not every waiter on every release.
     // A request bound to a session (p_session) is answered session_lost, writing nothing, when the
     // session is gone; otherwise it takes the session's row in share mode (before the key's row: a
     // session's end locks in the same order) so no keep-alive runs between reading the session's
@@ -418,8 +434,8 @@ proc: BEGIN${COMMON_DECLARATIONS}
 
   -- Fast path: busy, nothing to purge, nothing to refresh (one statement, no lock, no write). At
   -- most one row matches; the aggregates make it exactly one (v_busy = 0: take the slow path).
-  SELECT COUNT(*), MAX(k.version), MAX(k.delay_until)
-    INTO v_busy, v_version, v_delay
+  SELECT COUNT(*), MAX(k.version), MAX(k.delay_until), MAX(w.seq)
+    INTO v_busy, v_version, v_delay, v_my_seq
     FROM ${n.keys} k LEFT JOIN ${n.waiters} w ON w.\`key\` = k.\`key\` AND w.owner = p_owner
     WHERE k.\`key\` = p_key
       AND (EXISTS (SELECT 1 FROM ${n.holders} h WHERE h.\`key\` = p_key AND h.expires_at > v_now
@@ -481,7 +497,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
         UPDATE ${n.keys} SET delay_until = v_delay, version = version + 1 WHERE \`key\` = p_key;
       END IF;
       ${END_CALL}
-      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost;
+      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost, NULL AS seq;
       LEAVE proc;
     END IF;
 
@@ -520,7 +536,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
         VALUES (p_key, p_owner, p_mode, v_token, p_holder, v_now, COALESCE(v_session_expiry, v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND),
                 p_lock_delay_ms, IF(p_mode = 'shared', p_limit, NULL), p_session);
       ${END_CALL}
-      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost;
+      SELECT TRUE AS granted, CAST(v_token AS CHAR) AS token, NULL AS holder, NULL AS retry_in_ms, NULL AS version, FALSE AS session_lost, NULL AS seq;
       LEAVE proc;
     END IF;
 
@@ -528,6 +544,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
       INSERT INTO ${n.waiters} (\`key\`, owner, mode, expires_at)
         VALUES (p_key, p_owner, p_mode, v_now + INTERVAL p_queue_ttl_ms * 1000 MICROSECOND)
         ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at);
+      SET v_my_seq = (SELECT w.seq FROM ${n.waiters} w WHERE w.\`key\` = p_key AND w.owner = p_owner);
     END IF;
     IF v_changed THEN
       UPDATE ${n.keys} SET delay_until = v_delay, version = version + 1 WHERE \`key\` = p_key;
@@ -543,7 +560,7 @@ proc: BEGIN${COMMON_DECLARATIONS}
                        ELSE GREATEST(v_first_expiry, v_live_delay) END;
   SELECT FALSE AS granted, NULL AS token, v_holder AS holder,
     IF(v_soonest IS NULL, NULL, CAST(GREATEST(0, CEIL(TIMESTAMPDIFF(MICROSECOND, v_now, v_soonest) / 1000)) AS CHAR)) AS retry_in_ms,
-    CAST(v_version AS CHAR) AS version, FALSE AS session_lost;
+    CAST(v_version AS CHAR) AS version, FALSE AS session_lost, IF(p_queue, CAST(v_my_seq AS CHAR), NULL) AS seq;
 END`,
   ];
 }
@@ -587,8 +604,9 @@ export interface MysqlSchemaSqlOptions extends MysqlSchemaOptions {
  * backend's own user then needs only SELECT, INSERT, UPDATE and DELETE on the four tables
  * (`<table>`, `<table>_keys`, `<table>_waiters`, `<table>_sessions`) and EXECUTE on the five
  * procedures (`<table>_acquire`, `_release`, `_cancel`, `_keepalive`, `_session_end`). Run again on
- * a store of an earlier version (leasehold-locks-mysql/1), the same SQL upgrades it in place: it adds
- * the sessions table and the holders' session column and index, and replaces the procedures.
+ * a store of an earlier version (leasehold-locks-mysql/1 or /2), the same SQL upgrades it in place:
+ * it adds what is missing (from /1: the sessions table and the holders' session column and index)
+ * and replaces the procedures.
  */
 export function mysqlSchemaSql(options?: MysqlSchemaSqlOptions): string {
   const o = checkObject(options, 'options');

@@ -15,8 +15,11 @@ export interface SessionHost {
    * lock-wait timeouts, with leasehold's errors; resolves with mysql2's result.
    */
   run(what: string, sql: string, values: unknown[]): Promise<unknown>;
-  /** A session's end freed the key's holders and raised its change counter to `version`: this instance's waiters and watchers hear of it now. */
-  changed(key: unknown, version: bigint): void;
+  /**
+   * A session's end freed the key's holders and raised its change counter to `version`: this
+   * instance's waiters (those whose queue place `head` and `exclusiveHead` let go) and watchers hear of it now.
+   */
+  changed(key: unknown, version: bigint, head: unknown, exclusiveHead: unknown): void;
 }
 
 /** `Backend.sessions`, plus the renewal of a session-bound holder (backend.ts's renew falls back to it). */
@@ -75,7 +78,8 @@ export function mysqlSessions(n: SchemaNames, host: SessionHost): MysqlSessions 
       if (!bytes) return;
       for (const rows of resultSets(await host.run('session close', END, [bytes]))) {
         const row = rows[0];
-        if (row && 'key' in row && row.version !== null && row.version !== undefined) host.changed(row.key, BigInt(String(row.version)));
+        if (row && 'key' in row && row.version !== null && row.version !== undefined)
+          host.changed(row.key, BigInt(String(row.version)), row.head, row.exclusive_head);
       }
     },
 

@@ -447,7 +447,7 @@ describe('mysql sessions', () => {
       expect((await layout(table)).column).toEqual([]);
       await usable(backend(table));
       expect(await routines(table)).toEqual(expectedRoutines(table));
-      expect(SCHEMA_VERSION).toBe('leasehold-locks-mysql/2');
+      expect(SCHEMA_VERSION).toBe('leasehold-locks-mysql/3');
       expect(await layout(table)).toEqual({ column: [{ type: 'varbinary(64)', nullable: 'YES' }], index: [{ name: 'by_session', col: 'session' }] });
       // a second start (another process) finds the current version and sends no DDL
       const inner = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 2 });
@@ -461,7 +461,7 @@ describe('mysql sessions', () => {
     it('is upgraded in place by mysqlSchemaSql as a migration (run twice), then used with createSchema: false by a user with only the grants listed', async () => {
       const table = await v1Store();
       const stale = backend(table, { createSchema: false });
-      await expect(stale.acquire(request('k', 'o'))).rejects.toThrow(/at version leasehold-locks-mysql\/1, expected leasehold-locks-mysql\/2/);
+      await expect(stale.acquire(request('k', 'o'))).rejects.toThrow(/at version leasehold-locks-mysql\/1, expected leasehold-locks-mysql\/3/);
       const migrator = await mysql.createConnection({ uri: MYSQL_URL, multipleStatements: true });
       try {
         await migrator.query(mysqlSchemaSql({ table }));
@@ -496,7 +496,7 @@ describe('mysql sessions', () => {
       "TABLE_NAME = 't' AND COLUMN_NAME = 'session'), 'DO 0', 'ALTER TABLE `t` ADD COLUMN `session` VARBINARY(64) NULL, ADD KEY by_session (`session`)')",
     );
     for (const p of ['acquire', 'release', 'cancel', 'keepalive', 'session_end']) expect(sql).toContain(`CREATE PROCEDURE \`t_${p}\``);
-    expect(sql).toContain("COMMENT 'leasehold-locks-mysql/2'");
+    expect(sql).toContain("COMMENT 'leasehold-locks-mysql/3'");
     expect(() => mysqlSchemaSql({ table: 'x'.repeat(53) })).toThrow(/at most 52 characters/);
     expect(mysqlSchemaSql({ table: 'x'.repeat(52) })).toContain(`\`${'x'.repeat(52)}_session_end\``);
   });

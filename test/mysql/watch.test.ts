@@ -25,12 +25,16 @@ function track<T extends { close(): Promise<void> }>(thing: T): T {
 const connect = (pollMs?: number): Backend => track(mysqlBackend({ uri: MYSQL_URL, table, poolSize: 2, ...(pollMs !== undefined && { pollMs }) }));
 
 /** A backend on a recording pool: the statements its poller sends can be counted. */
-function recorded(pollMs: number): { backend: Backend; polls: () => number } {
+function recorded(pollMs: number): { backend: Backend; polls: () => number; acquires: () => number } {
   const inner = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 2 });
   track({ close: () => inner.end() });
   const { pool, statements } = recordingPool(inner);
   const backend = track(mysqlBackend({ pool, table, pollMs }));
-  return { backend, polls: () => statements.filter((s) => s.includes('AS live')).length };
+  return {
+    backend,
+    polls: () => statements.filter((s) => s.includes('AS live')).length,
+    acquires: () => statements.filter((s) => s.startsWith('CALL') && s.includes('_acquire')).length,
+  };
 }
 
 function busyOf(result: AcquireResult): Extract<AcquireResult, { granted: false }> {
@@ -102,6 +106,83 @@ describe('mysql wake-ups: subscribe', () => {
     const off = await waiter.subscribe!('gap', () => woken++, busy.cursor);
     expect(await eventually(() => woken === 1, 2_000)).toBe(true);
     off();
+  });
+
+  it('no herd: N waiters in N instances; a release wakes only the head, and each is woken once, granted in queue order', async () => {
+    const n = 5;
+    const holder = connect();
+    const t = tokenOf(await holder.acquire(acquireRequest('herd', 'holder')));
+    const waiters = Array.from({ length: n }, () => recorded(10));
+    const woken = new Array<number>(n).fill(0);
+    const order: number[] = [];
+    const ask = (i: number) => waiters[i]!.backend.acquire(acquireRequest('herd', `w${i}`, { queue: true, queueTtlMs: 30_000 }));
+    const offs: (() => void)[] = [];
+    for (let i = 0; i < n; i++) {
+      const busy = busyOf(await ask(i));
+      offs.push(
+        await waiters[i]!.backend.subscribe!(
+          'herd',
+          () => {
+            woken[i]!++;
+            void ask(i).then(async (r) => {
+              if (!r.granted) return;
+              offs[i]!();
+              order.push(i);
+              await waiters[i]!.backend.release({ key: 'herd', owner: `w${i}`, token: r.token, mode: 'exclusive' });
+            });
+          },
+          busy.cursor,
+        ),
+      );
+    }
+    await sleep(100);
+    expect(woken).toEqual(new Array(n).fill(0));
+    const before = waiters.map((w) => w.acquires());
+    await holder.release({ key: 'herd', owner: 'holder', token: t, mode: 'exclusive' });
+    expect(await eventually(() => order.length === n, 10_000)).toBe(true);
+    await sleep(100); // any late wake-up would show
+    expect(order).toEqual([...Array(n).keys()]);
+    expect(woken).toEqual(new Array(n).fill(1)); // before: every waiter woken by every release
+    // one acquire CALL each for its grant (two if the backend retried it after a deadlock); before: waiter i asked i + 1 times
+    const calls = waiters.map((w, i) => w.acquires() - before[i]!);
+    expect(calls.every((c) => c >= 1 && c <= 2)).toBe(true);
+    expect(calls.reduce((a, b) => a + b, 0)).toBeLessThan(n + n / 2);
+    for (const off of offs) off();
+  });
+
+  it('no lost wake-up: the head waiter passed over for gave up without a word (its place ran out): the next is woken then', async () => {
+    const holder = connect();
+    const t = tokenOf(await holder.acquire(acquireRequest('ranout', 'holder')));
+    const crashed = connect();
+    busyOf(await crashed.acquire(acquireRequest('ranout', 'crashed', { queue: true, queueTtlMs: 600 }))); // never asks again
+    const next = connect(10);
+    const busy = busyOf(await next.acquire(acquireRequest('ranout', 'next', { queue: true, queueTtlMs: 30_000 })));
+    let woken = 0;
+    const off = await next.subscribe!('ranout', () => woken++, busy.cursor);
+    await holder.release({ key: 'ranout', owner: 'holder', token: t, mode: 'exclusive' });
+    await sleep(200);
+    expect(woken).toBe(0); // the release lets the head go, not us
+    expect(await eventually(() => woken === 1, 3_000)).toBe(true); // its place ran out (nothing written): our turn
+    expect(tokenOf(await next.acquire(acquireRequest('ranout', 'next', { queue: true, queueTtlMs: 30_000 })))).toBeGreaterThan(t);
+    off();
+  });
+
+  it('shared waiters at the head of the queue are woken together, an exclusive one behind them and whoever is behind it are not', async () => {
+    const holder = connect();
+    const t = tokenOf(await holder.acquire(acquireRequest('run', 'holder')));
+    const modes = ['shared', 'shared', 'exclusive', 'shared'] as const;
+    const woken = modes.map(() => 0);
+    const offs: (() => void)[] = [];
+    for (const [i, mode] of modes.entries()) {
+      const b = connect(10);
+      const busy = busyOf(await b.acquire(acquireRequest('run', `w${i}`, { mode, queue: true, queueTtlMs: 30_000 })));
+      offs.push(await b.subscribe!('run', () => woken[i]!++, busy.cursor));
+    }
+    await holder.release({ key: 'run', owner: 'holder', token: t, mode: 'exclusive' });
+    expect(await eventually(() => woken[0] === 1 && woken[1] === 1, 2_000)).toBe(true);
+    await sleep(200);
+    expect(woken).toEqual([1, 1, 0, 0]);
+    for (const off of offs) off();
   });
 
   it('one statement per round for all the keys an instance waits for; no rounds once nobody waits', async () => {
