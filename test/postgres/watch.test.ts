@@ -164,14 +164,15 @@ describe('postgres watch: a grant NOTIFYs only keys somebody watches', () => {
     const watcher = postgresBackend({ connectionString: PG_URL, schema, poolSize: 2 });
     const other = postgresBackend({ connectionString: PG_URL, schema, poolSize: 2, listen: false });
     try {
-      await granted(other, request('exp', 'a', { ttlMs: 600 }));
+      // Generous durations: on a loaded 2-core machine a 600 ms ttl ran out before its renewal was sent.
+      await granted(other, request('exp', 'a', { ttlMs: 2_000 }));
       let calls = 0;
       const stop = await watcher.watch!('exp', () => calls++);
       await sleep(400);
-      expect((await other.renew({ key: 'exp', owner: 'a', token: 1n, ttlMs: 1_500, mode: 'exclusive' })).renewed).toBe(true);
-      await sleep(500); // past the first expiry: the look finds the holder renewed
+      expect((await other.renew({ key: 'exp', owner: 'a', token: 1n, ttlMs: 4_000, mode: 'exclusive' })).renewed).toBe(true);
+      await sleep(2_000); // past the first expiry: the look finds the holder renewed
       expect(calls).toBe(0);
-      expect(await eventually(() => calls >= 1, 3_000)).toBe(true); // it expires for good
+      expect(await eventually(() => calls >= 1, 6_000)).toBe(true); // it expires for good
       stop();
     } finally {
       await Promise.all([watcher.close(), other.close()]);
