@@ -202,7 +202,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(
       new Option(
         '--url <url>',
-        'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)',
+        'the coordinator the workers lease from: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://…, http(s)://… (default: a SQLite file in the demo directory; the document and its fence stay in SQLite)',
       ),
     )
     .option(
@@ -274,7 +274,7 @@ function buildProgram(commandLine: string[] | undefined, done: (code: number) =>
     .addOption(
       new Option(
         '--url <url>',
-        'the coordinator: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://…, redlock://…, or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)',
+        'the coordinator: sqlite:PATH, redis://…, postgres://…, mysql://…, etcd://…, redlock://…, http(s)://… (a leasehold serve), or local:redis|local:postgres|local:etcd|local:redlock|local:sqlite (started by verify)',
       ),
     )
     .addOption(
