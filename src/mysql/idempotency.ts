@@ -4,6 +4,7 @@ import { checkKey, checkKnownOptions, checkObject, describe } from '../core/vali
 import { tableOnFirstUse } from './table.js';
 import { retryLockConflicts, withGuardedTransaction, type GuardedTransaction } from './transaction.js';
 import { checkMysqlIdentifier, checkPool, mapMysqlError, quoteMysql, type MysqlConnection, type MysqlPool } from './util.js';
+import { dropConnection } from './pool.js';
 
 export interface MysqlIdempotencyStoreOptions {
   /** Table of records, in the connection's database (created on first use). @default 'leasehold_idempotency' */
@@ -133,7 +134,7 @@ export function mysqlIdempotencyStore(pool: MysqlPool, options?: MysqlIdempotenc
         if (!broken) await conn.query('ROLLBACK').catch(() => (broken = true));
         throw mapMysqlError(what, error);
       } finally {
-        if (broken && typeof conn.destroy === 'function') conn.destroy();
+        if (broken) dropConnection(conn);
         else conn.release();
       }
     });

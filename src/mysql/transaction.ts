@@ -2,6 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { InvalidArgumentError, LeaseholdError } from '../core/errors.js';
 import { guardHandle } from '../core/fence.js';
 import { mapMysqlError, mysqlCode, RETRYABLE, SERVER_STATUS_IN_TRANS, type MysqlConnection, type MysqlPool } from './util.js';
+import { dropConnection } from './pool.js';
 
 /**
  * One transaction on one pooled connection around a user's function (the fence's `mutate`, the
@@ -263,7 +264,7 @@ export async function withGuardedTransaction<R>(pool: MysqlPool, options: Guarde
   } finally {
     for (const revoke of revokes) revoke();
     events.removeListener?.('error', onError);
-    if (broken && typeof conn.destroy === 'function') conn.destroy();
+    if (broken) dropConnection(conn);
     else conn.release();
   }
 }
