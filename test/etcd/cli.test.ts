@@ -45,7 +45,8 @@ describe('leasehold CLI with --url etcd://', () => {
       '--',
       process.execPath,
       '-e',
-      'console.log("token=" + process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 1500)',
+      // holds 8 s: on a loaded machine, starting `ls` and the second `run` took longer than 1.5 s
+      'console.log("token=" + process.env.LEASEHOLD_TOKEN); setTimeout(() => {}, 8000)',
     ]);
     // while the first command runs, ls shows its lease
     let listing = '';
