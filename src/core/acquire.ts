@@ -102,7 +102,8 @@ export class Acquisition {
   /** The lease this call ended with. */
   #kept: LeaseImpl | undefined;
   /** Grants whose answers came after their call timed out, while this call still ran: given back when it settles. */
-  readonly #late: bigint[] = [];
+  /** Grants answered after their call timed out, each with the session it was asked with (given back in #settle). */
+  readonly #late: { token: bigint; session: Session | undefined }[] = [];
 
   constructor(ctx: AcquireContext, key: string, options: ResolvedAcquire, wait: boolean) {
     this.#ctx = ctx;
@@ -212,11 +213,11 @@ export class Acquisition {
         what: 'acquire',
         backend: backend.name,
         onLate: (answer) => {
-          if (this.#settled) this.#afterSettled(answer);
-          else if (answer.granted) this.#late.push(answer.token);
+          if (this.#settled) this.#afterSettled(answer, session);
+          else if (answer.granted) this.#late.push({ token: answer.token, session });
         },
         onLateError: () => {
-          if (this.#settled) this.#afterSettled(undefined);
+          if (this.#settled) this.#afterSettled(undefined, session);
         },
       });
       if (this.#queue) this.#queued = true;
@@ -347,20 +348,42 @@ export class Acquisition {
   /** The call has settled: give back late grants, stop listening, leave the queue, let the session go. */
   #settle(): void {
     this.#settled = true;
-    for (const token of this.#late) this.#giveBack(token);
+    for (const { token, session } of this.#late) this.#giveBack(token, session);
     this.#unsubscribe?.();
     if ((this.#queued || this.#queueSent) && !this.#kept) this.#cancel();
     if (this.#held) this.#ctx.sessions!.unhold(this.#held);
   }
 
-  #afterSettled(answer: AcquireResult | undefined): void {
-    if (answer?.granted) this.#giveBack(answer.token);
+  #afterSettled(answer: AcquireResult | undefined, session: Session | undefined): void {
+    if (answer?.granted) this.#giveBack(answer.token, session);
     if (this.#queue) this.#cancel();
   }
 
-  #giveBack(token: bigint): void {
+  /**
+   * Releases a grant nobody took. One bound to a session lives as long as the session, whose
+   * keep-alive would renew it for as long as the client runs: a give-back that fails is handed to
+   * the session's pending releases, retried like a lease's failed release (see `SessionPool`).
+   * Without a session it expires by its ttl.
+   */
+  #giveBack(token: bigint, session: Session | undefined): void {
     if (token === this.#kept?.token) return;
-    void this.#ctx.backend.release({ key: this.#key, owner: this.#owner, token, mode: this.#o.mode }).catch(() => {});
+    const { backend, clock, operationTimeoutMs } = this.#ctx;
+    const request = { key: this.#key, owner: this.#owner, token, mode: this.#o.mode };
+    const release = (): Promise<void> => withTimeout(backend.release(request), { clock, ms: operationTimeoutMs, what: 'release', backend: backend.name });
+    release().catch((error: unknown) => {
+      session?.keeper.releaseFailed(
+        {
+          key: this.#key,
+          token,
+          since: clock.now(),
+          retry: () =>
+            release().catch((e: unknown) => {
+              throw toLeaseholdError(e, backend.name);
+            }),
+        },
+        toLeaseholdError(error, backend.name),
+      );
+    });
   }
 
   #cancel(): void {

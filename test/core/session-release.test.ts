@@ -25,12 +25,18 @@ function coordinator(clock: ManualClock, sessions = true) {
     sessionGone: false,
     releaseCalls: 0,
     keepAlives: 0,
+    /** While set, acquires wait for it before they reach the coordinator (an answer held on the wire). */
+    acquireGate: undefined as Promise<void> | undefined,
     /** What reached the coordinator, in order: `release k`, `keepAlive`, `close`. */
     log: [] as string[],
   };
   const backend: Backend = {
     ...inner,
     name: 'wrapped',
+    acquire: async (req) => {
+      if (control.acquireGate) await control.acquireGate;
+      return inner.acquire(req);
+    },
     release: async (req) => {
       control.releaseCalls++;
       control.log.push(`release ${req.key}`);
@@ -123,6 +129,38 @@ describe('a failed release of a session lease', () => {
     expect(keep.held).toBe(true);
     expect(control.keepAlives).toBeGreaterThanOrEqual(3);
     expect(await locks.tryAcquire('k', { ttlMs })).not.toBeNull();
+  });
+
+  it('a grant answered after its acquire gave up, whose give-back fails: retried by the session it was asked with, so the session does not keep the key held', async () => {
+    const { backend, control, inner } = coordinator(clock);
+    const locks = new Locks({ backend, clock, operationTimeoutMs: 300 });
+    opened.push(locks);
+    const ttlMs = 3_000;
+    const keep = await locks.acquire('keep', { ttlMs }); // the session lives on through this lease's keep-alives
+    let openGate!: () => void;
+    control.acquireGate = new Promise((resolve) => {
+      openGate = resolve;
+    });
+    const failed = locks.acquire('k', { ttlMs, waitMs: 1_000 }).catch((e: unknown) => e);
+    await advance(clock, 1_200, 10);
+    expect(((await failed) as Error).name).toBe('AcquireTimeoutError');
+    // The held requests now reach the coordinator and are granted (the same owner: one grant), too late.
+    control.failReleases = Number.POSITIVE_INFINITY;
+    control.acquireGate = undefined;
+    openGate();
+    await flush();
+    await advance(clock, 200, 10);
+    expect(await free(inner, 'k')).toBe(false);
+    // The give-backs failed; the session retries them (backoff, and with its keep-alives): once the
+    // coordinator answers again, one gets through, long before the ttl.
+    control.failReleases = 0;
+    await advance(clock, 1_200, 10);
+    expect(await free(inner, 'k')).toBe(true);
+    expect(keep.held).toBe(true);
+    // and stays free across keep-alives of the session
+    await advance(clock, 2 * ttlMs, 50);
+    expect(await free(inner, 'k')).toBe(true);
+    expect(keep.held).toBe(true);
   });
 
   it('failing for ever while keep-alives succeed: past the ttl the session is ended — its other lease signalled lost first, then closed — and the key is free within ttl + one close', async () => {
