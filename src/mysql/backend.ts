@@ -376,7 +376,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       const version = BigInt(String(r.version));
       poller.changed(req.key, version, false); // a purge it made may let this instance's other waiters go
       const seq = r.seq === null || r.seq === undefined ? undefined : BigInt(String(r.seq));
-      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version, seq } };
+      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version, seq, exclusive: req.mode === 'exclusive' } };
       if (typeof r.holder === 'string') busy.holder = r.holder;
       if (r.retry_in_ms !== null && r.retry_in_ms !== undefined) busy.retryInMs = Number(r.retry_in_ms);
       return busy;
@@ -446,7 +446,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       await init();
       try {
         const c = isCursor(cursor) ? cursor : undefined;
-        return await poller.subscribe(key, onChange, c?.version, c?.seq);
+        return await poller.subscribe(key, onChange, c?.version, c?.seq, c?.exclusive);
       } catch (error) {
         throw mapError('subscribe', error);
       }
@@ -485,6 +485,8 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 interface Cursor {
   readonly version: bigint;
   readonly seq: bigint | undefined;
+  /** The request was exclusive: it can be granted only when the key has no live holder (see wake.ts). */
+  readonly exclusive: boolean;
 }
 
 function isCursor(value: unknown): value is Cursor {

@@ -56,6 +56,10 @@ interface Subscriber {
   readonly seq: bigint | undefined;
   /** The key's last token when a round last passed this waiter over (its place not reached). */
   passedOver: string | undefined;
+  /** An exclusive waiter: it can be granted only when the key has no live holder. */
+  readonly exclusive: boolean;
+  /** A change reached this exclusive waiter while the key was held (someone ahead was granted since): it waits for the key to be free. */
+  blocked: boolean;
 }
 
 interface Watcher {
@@ -93,8 +97,8 @@ export class KeyPoller {
    * has one). Without it, the key's current version is read first (the subscription is active
    * once this resolves).
    */
-  async subscribe(key: string, onChange: () => void, since: bigint | undefined, seq?: bigint): Promise<() => void> {
-    const sub: Subscriber = { onChange, since, seq, passedOver: undefined };
+  async subscribe(key: string, onChange: () => void, since: bigint | undefined, seq?: bigint, exclusive = false): Promise<() => void> {
+    const sub: Subscriber = { onChange, since, seq, passedOver: undefined, exclusive, blocked: false };
     if (since === undefined) sub.since = (await this.#look(key)).version;
     const followed = this.#follow(key);
     followed.subscribers.add(sub);
@@ -140,6 +144,7 @@ export class KeyPoller {
         if (sub.seq !== undefined && upto !== null && sub.seq > (upto as bigint)) continue;
         sub.since = version;
         sub.passedOver = undefined;
+        sub.blocked = false;
         call(sub.onChange);
       }
       if (unknown) this.#roundNow();
@@ -244,17 +249,29 @@ export class KeyPoller {
  * the key's last token noted. A waiter passed over whose place is reached with no change since is
  * woken if nobody was granted meanwhile: a place ahead of it ran out (no write moves the version
  * then); if someone was granted (an exclusive grant, which moves no version), the next release will.
+ *
+ * An exclusive waiter whose place is reached while the key has live holders cannot be granted now:
+ * rounds sample the key, so one can see, in one snapshot, the change meant for the waiter ahead
+ * (its place reached, the version moved) and that waiter's grant (its place gone, the key held).
+ * It is not woken then but marked blocked: the holder's release moves the version and wakes it; an
+ * expiry (which writes nothing) shows as no live holder at a later round, and wakes it then.
  */
 function wakes(sub: Subscriber, state: PolledKey): boolean {
   const reached = sub.seq === undefined || state.upto === null || sub.seq <= state.upto;
   if (sub.since === undefined || state.version > sub.since) {
     sub.since = state.version;
     sub.passedOver = reached ? undefined : state.lastToken;
-    return reached;
+    sub.blocked = reached && sub.exclusive && state.live > 0;
+    return reached && !sub.blocked;
   }
   if (!reached) {
     sub.passedOver = state.lastToken;
+    sub.blocked = false;
     return false;
+  }
+  if (sub.blocked) {
+    sub.blocked = state.live > 0;
+    return !sub.blocked;
   }
   const ranOut = sub.passedOver !== undefined && sub.passedOver === state.lastToken;
   sub.passedOver = undefined;
