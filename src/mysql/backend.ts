@@ -376,7 +376,10 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
       const version = BigInt(String(r.version));
       poller.changed(req.key, version, false); // a purge it made may let this instance's other waiters go
       const seq = r.seq === null || r.seq === undefined ? undefined : BigInt(String(r.seq));
-      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = { granted: false, cursor: { version, seq, exclusive: req.mode === 'exclusive' } };
+      const busy: { granted: false; holder?: string; retryInMs?: number; cursor: Cursor } = {
+        granted: false,
+        cursor: { version, seq, exclusive: req.mode === 'exclusive' },
+      };
       if (typeof r.holder === 'string') busy.holder = r.holder;
       if (r.retry_in_ms !== null && r.retry_in_ms !== undefined) busy.retryInMs = Number(r.retry_in_ms);
       return busy;
