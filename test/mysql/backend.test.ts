@@ -379,46 +379,65 @@ describe('mysql backend: contention, deadlocks and lock waits', () => {
   it("a deadlock that makes a call the victim is retried inside the call: the release completes (reads the server's deadlock count)", async () => {
     const table = freshTable();
     const backend = track(mysqlBackend({ uri: MYSQL_URL, table, poolSize: 2 }));
-    const token = granted(await backend.acquire(acquireRequest('dl', 'holder')));
     await admin.query(`CREATE TABLE \`${table}_scratch\` (id INT AUTO_INCREMENT PRIMARY KEY, pad CHAR(100) NOT NULL DEFAULT '')`);
     const deadlocks = async (): Promise<number> =>
       Number(((await admin.query(`SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'`))[0] as { Value: string }[])[0]!.Value);
-    const before = await deadlocks();
-    const other = await admin.getConnection();
-    try {
-      // A heavy transaction (many rows written: InnoDB rolls back the lighter one) locks the holder's row...
-      await other.query('START TRANSACTION');
-      await other.query(`INSERT INTO \`${table}_scratch\` (pad) SELECT 'x' FROM information_schema.COLUMNS LIMIT 2000`);
-      await other.query(`SELECT * FROM \`${table}\` WHERE \`key\` = ? FOR UPDATE`, [Buffer.from('dl')]);
-      // ...the release locks the key's row and waits for the holder's...
-      const release = backend.release({ key: 'dl', owner: 'holder', token, mode: 'exclusive' });
-      let settled: unknown = 'pending';
-      release.then(
-        () => (settled = 'released'),
-        (e: unknown) => (settled = e),
+    /** The release's transaction in a lock wait (by its statement, or its connection's CALL). */
+    const waiting = async (): Promise<boolean> => {
+      const [rows] = await admin.query(
+        `SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX t WHERE t.trx_state = 'LOCK WAIT'
+           AND (t.trx_query LIKE ? OR t.trx_mysql_thread_id IN (SELECT p.ID FROM information_schema.PROCESSLIST p WHERE p.INFO LIKE ?))`,
+        [`%${table}%`, `%${table}_release%`],
       );
-      const waiting = async (): Promise<boolean> => {
-        const [rows] = await admin.query(`SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?`, [
-          `%${table}%`,
-        ]);
-        return Number((rows as { n: unknown }[])[0]!.n) >= 1;
-      };
-      // 15 s: on a loaded machine the release may be between two of its lock-wait attempts for a while
-      expect(await eventually(waiting, 15_000)).toBe(true);
-      // ...and the heavy one asks for the key's row: a cycle, the release's transaction is the victim.
-      await other.query(`SELECT * FROM \`${table}_keys\` WHERE \`key\` = ? FOR UPDATE`, [Buffer.from('dl')]);
-      await sleep(100);
-      expect(settled).toBe('pending'); // retried, now waiting behind the heavy transaction
-      await other.query('COMMIT');
-      await release;
-      expect(settled).toBe('released');
-    } finally {
-      await other.query('ROLLBACK').catch(() => {});
-      other.release();
+      return Number((rows as { n: unknown }[])[0]!.n) >= 1;
+    };
+    let token = 0n;
+    const seen: string[] = [];
+    // The release waits for a row lock 2 s at a time (LOCK_WAIT_S) and pauses between attempts: the
+    // cycle below can only be made while it waits. A round that misses that moment still has to
+    // release cleanly (no deadlock then); up to four rounds are tried, each with a new grant.
+    for (let round = 1; round <= 4; round++) {
+      token = granted(await backend.acquire(acquireRequest('dl', 'holder')));
+      const before = await deadlocks();
+      const other = await admin.getConnection();
+      let settled: unknown = 'pending';
+      try {
+        await other.query('SET SESSION innodb_lock_wait_timeout = 30');
+        // A heavy transaction (many rows written: InnoDB rolls back the lighter one) locks the holder's row...
+        await other.query('START TRANSACTION');
+        await other.query(
+          `INSERT INTO \`${table}_scratch\` (pad) WITH RECURSIVE s (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 1000) SELECT 'x' FROM s`,
+        );
+        await other.query(`SELECT * FROM \`${table}\` WHERE \`key\` = ? FOR UPDATE`, [Buffer.from('dl')]);
+        // ...the release locks the key's row and waits for the holder's...
+        const release = backend.release({ key: 'dl', owner: 'holder', token, mode: 'exclusive' });
+        release.then(
+          () => (settled = 'released'),
+          (e: unknown) => (settled = e),
+        );
+        const inWait = await eventually(waiting, 5_000);
+        // ...and the heavy one asks for the key's row: a cycle, the release's transaction is the victim.
+        await other.query(`SELECT * FROM \`${table}_keys\` WHERE \`key\` = ? FOR UPDATE`, [Buffer.from('dl')]);
+        await sleep(100);
+        const whileHeld = settled;
+        await other.query('COMMIT');
+        await release;
+        expect(settled).toBe('released');
+        const after = await deadlocks();
+        seen.push(`round ${round}: lock wait seen ${inWait}, release ${String(whileHeld)} while the heavy one held, deadlocks +${after - before}`);
+        if (inWait && after > before) {
+          expect(whileHeld).toBe('pending'); // retried, then waiting behind the heavy transaction
+          break;
+        }
+      } finally {
+        await other.query('ROLLBACK').catch(() => {});
+        await other.query('SET SESSION innodb_lock_wait_timeout = DEFAULT').catch(() => {});
+        other.release();
+      }
     }
-    expect(await deadlocks()).toBeGreaterThan(before);
+    expect(seen.at(-1), seen.join('; ')).toMatch(/lock wait seen true, release pending .* deadlocks \+[1-9]/);
     expect(granted(await backend.acquire(acquireRequest('dl', 'next')))).toBe(token + 1n);
-  });
+  }, 90_000);
 
   it('a lock wait that times out is retried; a row lock held for good ends in BackendUnavailableError after the attempts, never a raw error', async () => {
     const table = freshTable();
