@@ -116,6 +116,7 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
     random: Math.random,
     closing,
     sessions: undefined,
+    ...(session !== undefined && { boundSession: session }),
     grant: (g) => {
       granted = { token: g.token, ttlMs: g.ttlMs };
       events.emit('acquired', { key, token: g.token, mode: options.mode, ttlMs: g.ttlMs, waitedMs: clock.now() - g.start });

@@ -24,6 +24,11 @@ export interface AcquireContext {
   readonly closing: AbortSignal;
   /** The client's sessions, when the backend has them. */
   readonly sessions: SessionPool | undefined;
+  /**
+   * A session the caller keeps alive itself and names in every request (acquireAs: the lock
+   * service's client's session): a hand-off bound to it is taken as it comes. Only without `sessions`.
+   */
+  readonly boundSession?: string;
   /** Makes the lease of a grant (its keeper, its registration with `Locks`, the `acquired` event). */
   grant(grant: Grant): LeaseImpl;
 }
@@ -163,7 +168,9 @@ export class Acquisition {
     this.#handOff = undefined;
     const held = this.#held;
     // Its validity is the session's: one that ran out (a pause, say) is not taken, whatever the flags say yet.
-    if (held?.usable && h.session === held.id && h.token > this.#highest && !this.#ctx.closing.aborted) {
+    // A session the caller keeps alive itself is its business: the grant goes to the caller, who renews it by that session.
+    const ours = held ? held.usable && h.session === held.id : this.#ctx.boundSession !== undefined && h.session === this.#ctx.boundSession;
+    if (ours && h.token > this.#highest && !this.#ctx.closing.aborted) {
       this.#queued = false;
       return this.#take(h.token, this.#ttlMs, this.#ctx.clock.now(), held);
     }

@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { acquireAs } from '../../src/core/acquire-as.js';
-import type { Backend } from '../../src/core/backend.js';
+import type { AcquireRequest, Backend, HandOff } from '../../src/core/backend.js';
 import { AcquireTimeoutError, InvalidArgumentError } from '../../src/core/errors.js';
 import { TypedEmitter, type LockEvents } from '../../src/core/events.js';
 import { memoryBackend } from '../../src/memory/index.js';
@@ -100,5 +100,49 @@ describe('acquireAs', () => {
     await expect(acquireAs({ backend, key: 'k', owner: 'a', holder: 'x', options: { ttlMs: 1 } })).rejects.toMatchObject({ argument: 'options.ttlMs' });
     await expect(acquireAs({ backend, key: 'k', owner: '', holder: 'x' })).rejects.toBeInstanceOf(InvalidArgumentError);
     expect(await backend.inspect('')).toHaveLength(0);
+  });
+  /** A memory backend with sessions whose wake-ups the test sends itself, handing a grant over as a fair backend with sessions does (Redis, etcd). */
+  async function handing() {
+    const inner = memoryBackend({ sessions: true });
+    const asks: AcquireRequest[] = [];
+    let notify: ((handOff?: HandOff) => void) | undefined;
+    const backend: Backend = {
+      ...inner,
+      // Busy answers carry a cursor, as a backend with wake-ups gives: no re-check right after subscribing.
+      acquire: async (r) => {
+        asks.push(r);
+        const answer = await inner.acquire(r);
+        return answer.granted ? answer : { ...answer, cursor: 'since-this-answer' };
+      },
+      subscribe: async (_key, onChange) => {
+        notify = onChange;
+        return () => (notify = undefined);
+      },
+    };
+    const { id: session } = await inner.sessions!.open(60_000);
+    await acquireAs({ backend: inner, key: 'k', owner: 'a', holder: 'svc-a' });
+    const waiting = acquireAs({ backend, key: 'k', owner: 'b', holder: 'svc-b', session, options: { waitMs: 10_000 } });
+    expect(await eventually(async () => (await waiters(inner, 'k')) === 1 && notify !== undefined)).toBe(true);
+    await inner.release({ key: 'k', owner: 'a', token: 1n, mode: 'exclusive' });
+    // The coordinator grants the head waiter's place itself and hands the grant to its wake-up.
+    const granted = await inner.acquire(asks.at(-1)!);
+    if (!granted.granted) throw new Error('expected the head waiter to be granted');
+    return { asks, session, waiting, token: granted.token, hand: (h: HandOff) => notify?.(h) };
+  }
+
+  it('with a session: a grant the coordinator hands to that session is taken as it comes, without asking again', async () => {
+    const h = await handing();
+    const before = h.asks.length;
+    h.hand({ token: h.token, session: h.session });
+    await expect(h.waiting).resolves.toMatchObject({ granted: true, token: 2n });
+    expect(h.asks.length).toBe(before); // no further acquire: one coordinator call less per hand-off
+  });
+
+  it('a hand-off bound to another session is not taken: the owner asks again and is answered with its grant', async () => {
+    const h = await handing();
+    const before = h.asks.length;
+    h.hand({ token: h.token, session: 'someone-elses-session' });
+    await expect(h.waiting).resolves.toMatchObject({ granted: true, token: 2n });
+    expect(h.asks.length).toBe(before + 1);
   });
 });
