@@ -43,8 +43,8 @@ export interface AcquireAsRequest {
    * a caller that waits in several calls (the lock service's long polls, each ending in a 409 the
    * client follows with the next poll): without it every call ends by giving its place up, and the
    * next one queues at the back, behind waiters that came later. Only for coordinators whose places
-   * expire by that ttl and are granted to no one who does not ask: one that hands the key to a
-   * queued waiter by itself would make a grant nobody waits for. A grant answered after the wait
+   * expire by that ttl and are granted to no one who does not ask (`capabilities.keepablePlaces`):
+   * one that hands the key to a queued waiter by itself would make a grant nobody waits for. A grant answered after the wait
    * ended is kept for the next call too, shortened to the queue ttl (see `placeKeeping`). @default false
    */
   readonly keepPlaceOnTimeout?: boolean;

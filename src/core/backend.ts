@@ -83,6 +83,15 @@ export interface BackendCapabilities {
    * pause or polling of its own between asks. Undefined: every acquire answers at once.
    */
   readonly maxWaitMs?: number;
+  /**
+   * Which queue places wait for their owner: a place is granted only to an owner that asks for it
+   * again, and expires after `queueTtlMs` otherwise, so a wait that ends may leave it for the same
+   * owner's next call (the lock service keeps a long poll's place this way: see `acquireAs`'s
+   * `keepPlaceOnTimeout`). `'without-session'`: only places asked for without a session (with one,
+   * the backend hands the key to the place itself, and that grant would live by a session whose
+   * client may have gone). Undefined: none (etcd: a place becomes the lock by its position).
+   */
+  readonly keepablePlaces?: 'all' | 'without-session';
 }
 
 export interface AcquireRequest {

@@ -188,7 +188,7 @@ export function memoryBackend(options?: MemoryBackendOptions): Backend {
 
   const backend: Backend = {
     name: 'memory',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0, keepablePlaces: 'all' }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const now = clock.now();

@@ -347,7 +347,7 @@ export function mysqlBackend(options: MysqlBackendOptions): Backend {
 
   const backend: Backend = {
     name: 'mysql',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0, keepablePlaces: 'all' }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const key = keyBytes(req.key);

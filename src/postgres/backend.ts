@@ -224,7 +224,7 @@ export function postgresBackend(options: PostgresBackendOptions): Backend {
 
   const backend: Backend = {
     name: 'postgres',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0, keepablePlaces: 'all' }),
 
     async acquire(req: AcquireRequest): Promise<AcquireResult> {
       const limit = req.mode === 'shared' ? (req.limit ?? null) : null;

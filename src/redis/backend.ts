@@ -152,7 +152,7 @@ function openRedisBackend(options: RedisBackendOptions, urlArgument: string): Ba
 
   const backend: Backend = {
     name: 'redis',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0, keepablePlaces: 'without-session' }),
 
     acquire(req) {
       if (!req.queue) return acquire(ctx, req, undefined);

@@ -465,7 +465,7 @@ export function sqliteBackend(options: SqliteBackendOptions): Backend {
 
   const backend: Backend = {
     name: 'sqlite',
-    capabilities: Object.freeze({ fair: true, minTtlMs: 0 }),
+    capabilities: Object.freeze({ fair: true, minTtlMs: 0, keepablePlaces: 'all' }),
 
     acquire: (req) => run('acquire', () => db.transaction(peekTx).deferred(req) ?? db.transaction(acquireTx).immediate(req)),
 

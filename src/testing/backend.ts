@@ -556,6 +556,30 @@ export function backendConformance(name: string, make: () => Promise<BackendHarn
       expect(order).toEqual([0, 1, 2, 3]);
     });
 
+    it('keepable places (backends declaring capabilities.keepablePlaces): a place whose owner stops asking is granted to nobody and kept for its next ask', async (ctx) => {
+      const backend = await h.connect();
+      try {
+        if (!backend.capabilities.keepablePlaces) return ctx.skip('the backend does not declare capabilities.keepablePlaces: a place may be granted by itself');
+        const k = key('keep-place');
+        const ask = (owner: string, queue: boolean) =>
+          backend.acquire({ key: k, owner, mode: 'exclusive', ttlMs: 20 * T, lockDelayMs: 0, holder: owner, queue, queueTtlMs: 30 * T });
+        const first = expectGranted(await ask('holder', false));
+        expect((await ask('first-waiter', true)).granted).toBe(false);
+        expect((await ask('second-waiter', true)).granted).toBe(false);
+        await backend.release({ key: k, owner: 'holder', token: first.token, mode: 'exclusive' });
+        await sleep(T); // a coordinator that handed the key to the head place would have done it by now
+        expect((await backend.inspect(k))[0]?.holders ?? []).toEqual([]);
+        expect((await ask('second-waiter', true)).granted).toBe(false); // the first place is still ahead
+        const next = expectGranted(await ask('first-waiter', true)); // its owner asks again: it goes
+        expect(next.token).toBeGreaterThan(first.token);
+        await backend.release({ key: k, owner: 'first-waiter', token: next.token, mode: 'exclusive' });
+        const last = expectGranted(await ask('second-waiter', true));
+        await backend.release({ key: k, owner: 'second-waiter', token: last.token, mode: 'exclusive' });
+      } finally {
+        await backend.close();
+      }
+    });
+
     it("sessions (backends with sessions): one keep-alive per interval renews all of a client's leases; losing it aborts all", async (ctx) => {
       const probe = counting(await h.connect());
       const sessions = probe.backend.sessions;

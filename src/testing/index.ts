@@ -20,7 +20,8 @@
  *
  * Each suite is one `describe` block whose harness is made in `beforeAll` and cleaned up in
  * `afterAll`. What a backend does not promise is reported as skipped, with the reason, never as
- * passed: the fair-queue test unless `capabilities.fair`, the sessions test unless the backend has
+ * passed: the fair-queue test unless `capabilities.fair`, the kept-places test unless
+ * `capabilities.keepablePlaces`, the sessions test unless the backend has
  * `sessions`, the coordinator restart unless the harness has `restart`, and for fences the undo
  * test unless `transactional`, the `requireSequencer` test unless the harness has `fenceWith`.
  *

@@ -28,22 +28,6 @@ interface AcquireBody {
 
 const SESSION_GONE = 'unknown session (expired, closed, or never opened): open a new one';
 
-/**
- * Which backends a long poll that runs out may leave its queue place in, for the same owner's next
- * poll to keep (FIFO across polls; docs/http-api.md): those whose places expire by themselves after
- * the queue ttl and are granted to nobody who does not ask. Redis hands the key to a queued waiter
- * that asked with a session, and that grant would live by a session whose client may have given up:
- * only its places without a session are kept. etcd's places live with the server's etcd session and
- * become the lock by their position: none are kept. Any other backend (unknown here): none.
- */
-const KEEPS_PLACES: Readonly<Record<string, 'all' | 'without-session'>> = {
-  memory: 'all',
-  sqlite: 'all',
-  postgres: 'all',
-  mysql: 'all',
-  redis: 'without-session',
-};
-
 /** An Idempotency-Key: 1–255 visible ASCII characters (docs/http-api.md). */
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
@@ -144,7 +128,9 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
   const owner = deriveOwner(caller.name, seed);
   // A poll that runs out keeps its place for the next poll of the same owner, which only a caller
   // with an Idempotency-Key can make (without one, every request is a new owner).
-  const keeps = KEEPS_PLACES[ctx.backend.name];
+  // Only where places wait for their owner (BackendCapabilities.keepablePlaces: not etcd, whose places
+  // become the lock by position; on Redis not a place with a session, which it hands the key to).
+  const keeps = ctx.backend.capabilities.keepablePlaces;
   const keepPlaceOnTimeout = typeof idempotencyKey === 'string' && (keeps === 'all' || (keeps === 'without-session' && session === undefined));
   // The client going away ends its wait, and its place in the queue with it (a wait that runs out
   // may keep its place: keepPlaceOnTimeout).
