@@ -6,13 +6,16 @@
  * on a pool with `multipleStatements`) is caught by the server's in-transaction flag or by the
  * fence's savepoint: PartialWriteError when something was committed, InvalidArgumentError when
  * nothing was. Also: a deadlock inside mutate, lock waits in the fence's own statements, and a
- * connection killed inside mutate.
+ * connection killed inside mutate. The cases PostgreSQL shares (statements and calls refused before
+ * they run, the connection kept after the write, savepoints, a ROLLBACK or COMMIT hidden in a
+ * multi-statement string) are in ../helpers/fence-misuse.ts, registered here with this store's lists.
  */
 import mysql from 'mysql2/promise';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BackendUnavailableError, InvalidArgumentError, PartialWriteError, StaleTokenError } from '../../src/core/errors.js';
 import { mysqlFence, type MysqlConnection } from '../../src/mysql/index.js';
 import { MYSQL_URL, sleep, uniqueName } from '../helpers/env.js';
+import { hiddenMisuseCases, refusedMisuseCases, type FenceMisuseStore } from '../helpers/fence-misuse.js';
 
 const pool = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 4 });
 const multi = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 2, multipleStatements: true });
@@ -34,21 +37,12 @@ const itemsOf = async (r: string): Promise<string[]> =>
 const tableExists = async (name: string): Promise<boolean> =>
   (await rowsOf(admin.query('SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?', [name]))).length > 0;
 
-beforeAll(async () => {
-  await admin.query(`CREATE TABLE ${items} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, resource VARCHAR(255) NOT NULL, value VARCHAR(255) NOT NULL) ENGINE=InnoDB`);
-  // Stored procedures that end the caller's transaction: one plainly, one beginning another at once (only the savepoint sees that).
-  await admin.query(`CREATE PROCEDURE ${commits}() BEGIN COMMIT; END`);
-  await admin.query(`CREATE PROCEDURE ${chains}() BEGIN COMMIT; START TRANSACTION; END`);
-});
-afterAll(async () => {
-  await admin.query(`DROP TABLE IF EXISTS ${marks}, ${items}, ${scratch}`);
-  await admin.query(`DROP PROCEDURE IF EXISTS ${commits}`);
-  await admin.query(`DROP PROCEDURE IF EXISTS ${chains}`);
-  await Promise.all([pool.end(), multi.end(), admin.end()]);
-});
-
-describe('mysqlFence misuse: refused before it runs', () => {
-  for (const [label, sql] of [
+const store: FenceMisuseStore<MysqlConnection> = {
+  fence,
+  insert,
+  insertSql,
+  items: itemsOf,
+  endingStatements: [
     ['ROLLBACK', 'ROLLBACK'],
     ['ROLLBACK WORK', 'rollback work'],
     ['COMMIT', 'COMMIT'],
@@ -69,73 +63,34 @@ describe('mysqlFence misuse: refused before it runs', () => {
     ['SET autocommit = 1', 'SET autocommit = 1'],
     ['SET @@session.autocommit', 'set @@session.autocommit = 0'],
     ['ANALYZE TABLE', `ANALYZE TABLE ${items}`],
-  ] as const) {
-    it(`a mutate that runs ${label} is refused: InvalidArgumentError, nothing committed`, async () => {
-      const r = res(label);
-      await fence.write(r, 1n, (tx) => insert(tx, r, 'one'));
-      let refused: unknown;
-      const e = await fence
-        .write(r, 2n, async (tx) => {
-          await insert(tx, r, 'two');
-          await tx.query(sql).catch((x: unknown) => {
-            refused = x; // a careless mutate swallows it
-          });
-          await insert(tx, r, 'two, after');
-        })
-        .catch((x: unknown) => x);
-      expect(refused, label).toBeInstanceOf(InvalidArgumentError);
-      expect(e, label).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });
-      expect(await fence.highest(r)).toBe(1n);
-      expect(await itemsOf(r)).toEqual(['one']);
-      expect(await tableExists(scratch)).toBe(false);
-      // the pool is healthy and the token still usable
-      await fence.write(r, 2n, (tx) => insert(tx, r, 'two, retried'));
-      expect(await itemsOf(r)).toEqual(['one', 'two, retried']);
-    });
-  }
+  ],
+  async afterRefusal() {
+    expect(await tableExists(scratch)).toBe(false);
+  },
+  givingAway: ['release', 'destroy', 'beginTransaction', 'commit', 'rollback', 'end', 'changeUser'],
+};
 
-  for (const method of ['release', 'destroy', 'beginTransaction', 'commit', 'rollback', 'end', 'changeUser'] as const) {
-    it(`a mutate that calls ${method}() is refused: InvalidArgumentError, nothing committed, the pool stays healthy`, async () => {
-      const r = res(method);
-      const e = await fence
-        .write(r, 3n, async (tx) => {
-          await insert(tx, r, 'three');
-          const call = (tx as unknown as Record<string, (...a: unknown[]) => unknown>)[method]!;
-          await Promise.resolve()
-            .then(() => call({ user: 'root' }))
-            .catch(() => {});
-        })
-        .catch((x: unknown) => x);
-      expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });
-      expect((e as Error).message).toContain(`${method}()`);
-      expect(await fence.highest(r)).toBeNull();
-      expect(await itemsOf(r)).toEqual([]);
-      // every pooled connection still works (none released twice, none left inside a transaction)
-      await Promise.all([1, 2, 3, 4].map((i) => fence.write(`${r}:${i}`, 1n, (tx) => insert(tx, `${r}:${i}`, 'ok'))));
-      for (const i of [1, 2, 3, 4]) expect(await itemsOf(`${r}:${i}`)).toEqual(['ok']);
-    });
-  }
+beforeAll(async () => {
+  await admin.query(`CREATE TABLE ${items} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, resource VARCHAR(255) NOT NULL, value VARCHAR(255) NOT NULL) ENGINE=InnoDB`);
+  // Stored procedures that end the caller's transaction: one plainly, one beginning another at once (only the savepoint sees that).
+  await admin.query(`CREATE PROCEDURE ${commits}() BEGIN COMMIT; END`);
+  await admin.query(`CREATE PROCEDURE ${chains}() BEGIN COMMIT; START TRANSACTION; END`);
+});
+afterAll(async () => {
+  await admin.query(`DROP TABLE IF EXISTS ${marks}, ${items}, ${scratch}`);
+  await admin.query(`DROP PROCEDURE IF EXISTS ${commits}`);
+  await admin.query(`DROP PROCEDURE IF EXISTS ${chains}`);
+  await Promise.all([pool.end(), multi.end(), admin.end()]);
+});
 
-  it("the connection kept after write settled is refused (it is back in the pool, maybe in another writer's transaction)", async () => {
-    const r = res('kept');
-    let kept: MysqlConnection | undefined;
-    await fence.write(r, 1n, (tx) => {
-      kept = tx;
-    });
-    await expect(insert(kept!, r, 'late')).rejects.toBeInstanceOf(InvalidArgumentError);
-    expect(() => kept!.release()).toThrow(InvalidArgumentError);
-    expect(await itemsOf(r)).toEqual([]);
-  });
+describe('mysqlFence misuse: refused before it runs', () => {
+  refusedMisuseCases(store);
 
-  it("what does not end the transaction is let through: mutate's savepoints, temporary tables, SET of a user variable", async () => {
+  it('what else does not end the transaction is let through: temporary tables, SET of a user variable', async () => {
     const r = res('allowed');
     const temp = uniqueName('lh_tmp');
     await fence.write(r, 1n, async (tx) => {
       await insert(tx, r, 'kept');
-      await tx.query('SAVEPOINT mine');
-      await insert(tx, r, 'undone');
-      await tx.query('ROLLBACK TO SAVEPOINT mine');
-      await tx.query('RELEASE SAVEPOINT mine');
       await tx.query(`CREATE TEMPORARY TABLE ${temp} (v VARCHAR(20))`);
       await tx.query(`INSERT INTO ${temp} VALUES ('temp')`);
       await tx.query(`INSERT INTO ${items} (resource, value) SELECT ?, v FROM ${temp}`, [r]);
@@ -294,24 +249,7 @@ describe('mysqlFence misuse: multi-statement strings', () => {
     expect(await itemsOf(r)).toEqual([]);
   });
 
-  it('with multipleStatements: a ROLLBACK and BEGIN hidden in one string are caught: InvalidArgumentError, nothing committed', async () => {
-    const r = res('hidden-rollback');
-    await multiFence.write(r, 1n, (tx) => insert(tx, r, 'one'));
-    const e = await multiFence.write(r, 2n, (tx) => tx.query(`${insertSql(r, 'before')}; ROLLBACK; BEGIN; ${insertSql(r, 'after')}`)).catch((x: unknown) => x);
-    expect(e).toMatchObject({ code: 'INVALID_ARGUMENT', argument: 'mutate', retryable: false });
-    expect(await multiFence.highest(r)).toBe(1n);
-    expect(await itemsOf(r)).toEqual(['one']);
-  });
-
-  it('with multipleStatements: a COMMIT hidden in one string: PartialWriteError, the mark and the data it committed agree', async () => {
-    const r = res('hidden-commit');
-    await multiFence.write(r, 1n, (tx) => insert(tx, r, 'one'));
-    const e = await multiFence.write(r, 2n, (tx) => tx.query(`${insertSql(r, 'before')}; COMMIT`)).catch((x: unknown) => x);
-    expect(e).toMatchObject({ name: 'PartialWriteError', code: 'PARTIAL_WRITE', retryable: false, resource: r, token: 2n });
-    expect(await multiFence.highest(r)).toBe(2n);
-    expect(await itemsOf(r)).toEqual(['one', 'before']);
-    await expect(multiFence.write(r, 1n, () => {})).rejects.toBeInstanceOf(StaleTokenError);
-  });
+  hiddenMisuseCases(store, multiFence);
 
   it('with multipleStatements: DDL hidden after an INSERT commits implicitly: PartialWriteError', async () => {
     const r = res('hidden-ddl');

@@ -21,7 +21,7 @@ import { checkCounterHistory, type Committed, type CounterHistory } from '../hel
 import { eventually, uniqueName } from '../helpers/env.js';
 import { startMariaDb, type MariaDb } from './server.js';
 
-const FIXTURE = fileURLToPath(new URL('../fixtures/mysql-counter-worker.mjs', import.meta.url));
+const FIXTURE = fileURLToPath(new URL('../fixtures/sql-counter-worker.mjs', import.meta.url));
 const DIST = fileURLToPath(new URL('../../dist/mysql/index.js', import.meta.url));
 const TTL_MS = 1_000;
 
@@ -104,7 +104,7 @@ async function prepare(prefix: string): Promise<void> {
 function spawnWorkers(prefix: string, count: number, fence: 'real' | 'none'): Worker[] {
   const started = Array.from({ length: count }, (_, worker) => {
     const cfg = { url: server!.url, prefix, worker, ttlMs: TTL_MS, fence, holdMs: 5 };
-    return new Worker(spawn(process.execPath, [FIXTURE, JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'pipe'] }));
+    return new Worker(spawn(process.execPath, [FIXTURE, 'mysql', JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'pipe'] }));
   });
   workers.push(...started);
   return started;

@@ -18,7 +18,7 @@ import { eventually } from '../helpers/env.js';
 import { check, type History } from './checker.js';
 import { startCluster, type Cluster } from './cluster.js';
 
-const FIXTURE = fileURLToPath(new URL('../fixtures/pg-counter-worker.mjs', import.meta.url));
+const FIXTURE = fileURLToPath(new URL('../fixtures/sql-counter-worker.mjs', import.meta.url));
 const DIST = fileURLToPath(new URL('../../dist/postgres/index.js', import.meta.url));
 const TTL_MS = 1_000;
 
@@ -96,7 +96,7 @@ async function prepare(schema: string): Promise<void> {
 function spawnWorkers(schema: string, count: number, fence: 'real' | 'none'): Worker[] {
   const started = Array.from({ length: count }, (_, worker) => {
     const cfg = { url: cluster!.url, schema, worker, ttlMs: TTL_MS, fence, holdMs: 5 };
-    return new Worker(spawn(process.execPath, [FIXTURE, JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'pipe'] }));
+    return new Worker(spawn(process.execPath, [FIXTURE, 'postgres', JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'pipe'] }));
   });
   workers.push(...started);
   return started;
