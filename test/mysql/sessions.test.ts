@@ -1,25 +1,29 @@
 /**
- * Sessions on MySQL / MariaDB: one keep-alive per client and ttl moves the session's expiry and
- * every bound holder's (by the server's clock) in one CALL; a session that runs out frees its leases
- * (with their lock-delay), one that is closed frees them at once and wakes their waiters (the keys'
- * change counters move: other processes' pollers see it, this instance's waiters hear at once); an
- * acquire naming a gone session writes nothing. Also the upgrade of a leasehold-locks-mysql/1 store
- * in place, by the backend and by mysqlSchemaSql as a migration. Some tests read the tables (the
- * storage layout is their subject).
+ * Sessions on MySQL / MariaDB. The cases the SQL backends share run from
+ * ../helpers/backend-sessions.ts on fresh tables each: one keep-alive per client and ttl moves the
+ * session's expiry and every bound holder's (by the server's clock) in one CALL; a session that runs
+ * out frees its leases (with their lock-delay), one that is closed frees them at once and wakes their
+ * waiters (the keys' change counters move: other processes' pollers see it); an acquire naming a gone
+ * session writes nothing. Here, what is MySQL's own: this instance's waiters hear a close at once, a
+ * release whose connection was lost, sessions racing on shared keys, the upgrade of a
+ * leasehold-locks-mysql/1 store in place (by the backend and by mysqlSchemaSql as a migration), and
+ * the schema SQL. Some tests read the tables (the storage layout is their subject).
  */
 import { readFileSync } from 'node:fs';
 import mysql from 'mysql2/promise';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import type { AcquireRequest, AcquireResult, Backend } from '../../src/core/backend.js';
+import { afterAll, describe, expect, it } from 'vitest';
+import type { Backend } from '../../src/core/backend.js';
 import { Locks } from '../../src/core/locks.js';
 import { mysqlBackend, mysqlSchemaSql, SCHEMA_VERSION } from '../../src/mysql/index.js';
-import { acquireRequest, eventually, MYSQL_URL, sleep, uniqueName } from '../helpers/env.js';
-import { recordingPool } from './support.js';
+import { backendSessionCases, closedAfterEach, granted, type SessionStore } from '../helpers/backend-sessions.js';
+import { acquireRequest as request, eventually, MYSQL_URL, sleep, uniqueName } from '../helpers/env.js';
+import { dropLeaseTables, recordingPool } from './support.js';
 
 const admin = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 3 });
 const tables: string[] = [];
 const users: string[] = [];
-let opened: { close(): Promise<void> }[] = [];
+/** Closes what it is given after the test: backends, Locks clients, pools. */
+const track = closedAfterEach();
 
 function freshTable(): string {
   const t = uniqueName('lh_mys');
@@ -27,122 +31,63 @@ function freshTable(): string {
   return t;
 }
 
-function track<T extends { close(): Promise<void> }>(thing: T): T {
-  opened.push(thing);
-  return thing;
-}
-
 /** A backend of its own pool (as another process would have) on the given table, closed after the test. */
 function backend(table: string, extra: Record<string, unknown> = {}): Backend {
   return track(mysqlBackend({ uri: MYSQL_URL, table, poolSize: 3, ...extra }));
 }
-
-function granted(result: AcquireResult): bigint {
-  if (!result.granted) throw new Error(`expected a grant, got ${JSON.stringify(result)}`);
-  return result.token;
-}
-
-const request = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => acquireRequest(key, owner, extra);
 
 async function rows(sql: string, values: unknown[] = []): Promise<Record<string, unknown>[]> {
   const [result] = await admin.query(sql, values);
   return result as Record<string, unknown>[];
 }
 
-/** The keys' rows as the tables hold them (token counters and change counters), in key order. */
-const keyRows = (table: string) =>
-  rows(`SELECT CAST(\`key\` AS CHAR) AS k, CAST(last_token AS CHAR) AS t, CAST(version AS CHAR) AS v FROM \`${table}_keys\` ORDER BY 1`);
-
-afterEach(async () => {
-  await Promise.allSettled(opened.map((o) => o.close()));
-  opened = [];
-});
+const count = async (sql: string): Promise<number> => Number((await rows(sql))[0]!.n);
 
 afterAll(async () => {
-  for (const t of tables) {
-    for (const suffix of ['', '_keys', '_waiters', '_sessions']) await admin.query(`DROP TABLE IF EXISTS \`${t}${suffix}\``).catch(() => {});
-    for (const suffix of ['_acquire', '_release', '_cancel', '_keepalive', '_session_end']) {
-      await admin.query(`DROP PROCEDURE IF EXISTS \`${t}${suffix}\``).catch(() => {});
-    }
-  }
+  for (const t of tables) await dropLeaseTables(t).catch(() => {});
   for (const u of users) await admin.query(`DROP USER IF EXISTS '${u}'@'%', '${u}'@'localhost'`).catch(() => {});
   await admin.end();
 });
 
-describe('mysql sessions', () => {
-  it('a keep-alive extends every lease of the session (inspect shows expiresInMs refreshed), not the leases of others', async () => {
-    const table = freshTable();
-    const b = backend(table);
-    const { id } = await b.sessions!.open(1_000);
-    for (const k of ['ka/1', 'ka/2', 'ka/3']) granted(await b.acquire(request(k, `o-${k}`, { ttlMs: 1_000, session: id })));
-    granted(await b.acquire(request('ka/own', 'o-own', { ttlMs: 1_000 }))); // renewed on its own: not the session's
-    await sleep(500);
-    const before = await b.inspect('ka/');
-    for (const s of before) expect(s.holders[0]!.expiresInMs).toBeLessThanOrEqual(550);
-    expect(await b.sessions!.keepAlive(id, 1_000)).toBe(true);
-    const after = await b.inspect('ka/');
-    expect(after.map((s) => s.key)).toEqual(['ka/1', 'ka/2', 'ka/3', 'ka/own']);
-    for (const s of after.slice(0, 3)) expect(s.holders[0]!.expiresInMs).toBeGreaterThan(700);
-    expect(after[3]!.holders[0]!.expiresInMs).toBeLessThanOrEqual(550);
-    // storage layout: the three holders refer to the session, and carry its expiry exactly
-    const [layout] = await rows(
-      `SELECT COUNT(*) AS n, COUNT(DISTINCT h.expires_at) AS expiries, MIN(h.expires_at = s.expires_at) AS same
-       FROM \`${table}\` h JOIN \`${table}_sessions\` s ON s.id = h.\`session\``,
-    );
-    expect(layout).toEqual({ n: 3, expiries: 1, same: 1 });
-    expect(await rows(`SELECT COUNT(*) AS n FROM \`${table}\` WHERE \`session\` IS NULL`)).toEqual([{ n: 1 }]);
-  });
+/** Fresh tables, and the tests' reads of them. */
+function store(): SessionStore {
+  const table = freshTable();
+  return {
+    backend: (extra) => backend(table, extra),
+    sessionRows: () => count(`SELECT COUNT(*) AS n FROM \`${table}_sessions\``),
+    waiterRows: () => count(`SELECT COUNT(*) AS n FROM \`${table}_waiters\``),
+    // the keys' token counters and change counters, and the holders
+    snapshot: async () => [
+      await rows(`SELECT CAST(\`key\` AS CHAR) AS k, CAST(last_token AS CHAR) AS t, CAST(version AS CHAR) AS v FROM \`${table}_keys\` ORDER BY 1`),
+      await rows(`SELECT CAST(\`key\` AS CHAR) AS k, CAST(owner AS CHAR) AS o, expires_at FROM \`${table}\` ORDER BY 1, 2`),
+    ],
+    changeCounter: async (key) => BigInt(String((await rows(`SELECT CAST(version AS CHAR) AS v FROM \`${table}_keys\` WHERE \`key\` = ?`, [key]))[0]!.v)),
+    boundHolders: async () => {
+      const [layout] = await rows(
+        `SELECT COUNT(*) AS n, COUNT(DISTINCT h.expires_at) AS expiries, MIN(h.expires_at = s.expires_at) AS same
+         FROM \`${table}\` h JOIN \`${table}_sessions\` s ON s.id = h.\`session\``,
+      );
+      const unbound = await count(`SELECT COUNT(*) AS n FROM \`${table}\` WHERE \`session\` IS NULL`);
+      return { bound: Number(layout!.n), expiries: Number(layout!.expiries), sameExpiry: Number(layout!.same) === 1, unbound };
+    },
+  };
+}
 
-  it('a session that runs out frees all its leases, with their lock-delay (I8); the next grant has a higher token; keepAlive says false', async () => {
-    const table = freshTable();
-    const b = backend(table);
-    const other = backend(table);
-    const { id } = await b.sessions!.open(300);
-    const tokens = [];
-    for (const k of ['exp/1', 'exp/2']) tokens.push(granted(await b.acquire(request(k, `o-${k}`, { ttlMs: 300, session: id }))));
-    const delayed = granted(await b.acquire(request('exp/delay', 'o-delay', { ttlMs: 300, session: id, lockDelayMs: 60_000 })));
-    expect((await other.acquire(request('exp/1', 'x'))).granted).toBe(false);
-    await sleep(400);
-    expect(await b.sessions!.keepAlive(id, 300)).toBe(false);
-    expect(granted(await other.acquire(request('exp/1', 'x')))).toBeGreaterThan(tokens[0]!);
-    expect(granted(await other.acquire(request('exp/2', 'x')))).toBeGreaterThan(tokens[1]!);
-    // a session that ran out is not "closed": its leases' lock-delay runs
-    await b.sessions!.close(id);
-    expect((await other.acquire(request('exp/delay', 'x'))).granted).toBe(false);
-    const [state] = await other.inspect('exp/delay');
-    expect(state?.lockDelayRemainingMs).toBeGreaterThan(50_000);
-    expect(state?.lastToken).toBe(delayed);
-  });
+backendSessionCases('mysql', {
+  store,
+  wakeBy: 'through its poller',
+  serverClock: true,
+  keepAliveEntry: 'CALL',
+  isKeepAlive: (text) => text.startsWith('CALL') && text.includes('_keepalive'),
+  recording() {
+    const inner = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 8 });
+    track({ close: () => inner.end() });
+    const { pool, statements } = recordingPool(inner);
+    return { backend: track(mysqlBackend({ pool, table: freshTable() })), sent: statements };
+  },
+});
 
-  it("closing a session frees all its leases at once (no lock-delay) and wakes another process's waiter through its poller", async () => {
-    const table = freshTable();
-    const a = backend(table);
-    const w = backend(table);
-    const { id } = await a.sessions!.open(30_000);
-    const held = granted(await a.acquire(request('close/1', 'holder', { ttlMs: 30_000, session: id, lockDelayMs: 60_000 })));
-    granted(await a.acquire(request('close/2', 'holder', { ttlMs: 30_000, session: id, lockDelayMs: 60_000 })));
-    const busy = await w.acquire(request('close/1', 'waiter'));
-    if (busy.granted) throw new Error('expected busy');
-    expect(busy.retryInMs).toBeGreaterThan(20_000); // nothing would end the wait by itself for a long time
-    // The hook fires only when the key's change counter passes the busy answer's: the wake is the close's.
-    let woken = 0;
-    const off = await w.subscribe!('close/1', () => woken++, busy.cursor);
-    await sleep(100); // ten poll rounds
-    expect(woken).toBe(0);
-    const [before] = await keyRows(table);
-    await a.sessions!.close(id);
-    expect(await eventually(() => woken > 0, 5_000)).toBe(true);
-    off();
-    const [after] = await keyRows(table);
-    expect(BigInt(String(after!.v))).toBe(BigInt(String(before!.v)) + 1n);
-    expect(granted(await w.acquire(request('close/1', 'waiter')))).toBeGreaterThan(held);
-    expect((await w.acquire(request('close/2', 'waiter'))).granted).toBe(true);
-    expect((await w.inspect('close/')).map((s) => s.lockDelayRemainingMs)).toEqual([0, 0]);
-    expect(await a.sessions!.keepAlive(id, 30_000)).toBe(false);
-    await a.sessions!.close(id); // idempotent
-    expect(await rows(`SELECT COUNT(*) AS n FROM \`${table}_sessions\``)).toEqual([{ n: 0 }]);
-  });
-
+describe('mysql sessions: MySQL only', () => {
   it("closing a session wakes the same instance's waiter at once, without a poll round (pollMs 60 s)", async () => {
     const table = freshTable();
     const b = backend(table, { pollMs: 60_000 });
@@ -156,78 +101,6 @@ describe('mysql sessions', () => {
     expect(woken).toBe(1); // told as the close resolved, before any poll round could run
     off();
     expect((await b.acquire(request('local/1', 'waiter'))).granted).toBe(true);
-  });
-
-  it('a Locks waiter is served when the session holding its key ends; the holding Locks client sees its leases lost', async () => {
-    const table = freshTable();
-    const raw = backend(table);
-    const s = raw.sessions!;
-    let sessionId = '';
-    const spied: Backend = Object.create(raw) as Backend;
-    Object.defineProperty(spied, 'sessions', {
-      value: {
-        open: async (ttl: number) => {
-          const opened = await s.open(ttl);
-          sessionId = opened.id;
-          return opened;
-        },
-        keepAlive: (id: string, ttl: number) => s.keepAlive(id, ttl),
-        close: (id: string) => s.close(id),
-      },
-    });
-    const holder = track(new Locks({ backend: spied }));
-    const waiter = track(new Locks({ backend: backend(table) }));
-    const leases = await Promise.all(['lw/1', 'lw/2'].map((k) => holder.acquire(k, { ttlMs: 3_000 })));
-    const waiting = waiter.acquire('lw/2', { ttlMs: 3_000, waitMs: 10_000 });
-    await eventually(async () => (await waiter.inspect('lw/2'))[0]?.waiters === 1, 5_000);
-    await s.close(sessionId); // an operator ends the session behind the holder's back
-    const lease = await waiting;
-    expect(lease.token).toBeGreaterThan(leases[1]!.token);
-    expect(await waiter.tryAcquire('lw/1', { ttlMs: 1_000 })).not.toBeNull();
-    // its next keep-alive (within ttl/3) finds the session gone
-    expect(await eventually(() => leases.every((l) => l.signal.aborted), 5_000)).toBe(true);
-  });
-
-  it('an acquire naming a session that is gone answers sessionLost and writes nothing', async () => {
-    const table = freshTable();
-    const b = backend(table);
-    const { id } = await b.sessions!.open(10_000);
-    granted(await b.acquire(request('lost/busy', 'holder')));
-    await b.sessions!.close(id);
-    const before = await keyRows(table);
-    const holdersBefore = await rows(`SELECT CAST(\`key\` AS CHAR) AS k, CAST(owner AS CHAR) AS o, expires_at FROM \`${table}\` ORDER BY 1`);
-    for (const session of [id, 'never-opened', 'x'.repeat(65)]) {
-      expect(await b.acquire(request('lost/free', 'o', { session }))).toEqual({ granted: false, sessionLost: true });
-      expect(await b.acquire(request('lost/busy', 'o', { session, queue: true }))).toEqual({ granted: false, sessionLost: true });
-      expect(await b.acquire(request('lost/busy', 'holder', { session }))).toEqual({ granted: false, sessionLost: true }); // not even its own grant back
-    }
-    expect(await keyRows(table)).toEqual(before);
-    expect(await rows(`SELECT CAST(\`key\` AS CHAR) AS k, CAST(owner AS CHAR) AS o, expires_at FROM \`${table}\` ORDER BY 1`)).toEqual(holdersBefore);
-    expect(await rows(`SELECT COUNT(*) AS n FROM \`${table}_waiters\``)).toEqual([{ n: 0 }]);
-    // and the other calls on unknown ids answer as for a gone session
-    expect(await b.sessions!.keepAlive('never-opened', 1_000)).toBe(false);
-    expect(await b.sessions!.keepAlive('x'.repeat(65), 1_000)).toBe(false);
-    await b.sessions!.close('x'.repeat(65));
-  });
-
-  it('renewing a session-bound lease keeps its session alive, with every lease of it; releasing one frees only that one', async () => {
-    const b = backend(freshTable());
-    const { id } = await b.sessions!.open(600);
-    const t1 = granted(await b.acquire(request('rn/1', 'o1', { ttlMs: 600, session: id })));
-    granted(await b.acquire(request('rn/2', 'o2', { ttlMs: 600, session: id })));
-    await sleep(400);
-    expect(await b.renew({ key: 'rn/1', owner: 'o1', token: t1, mode: 'exclusive', ttlMs: 600 })).toEqual({ renewed: true, ttlMs: 600 });
-    await sleep(400); // past the first expiry: alive thanks to the renewal
-    expect((await b.inspect('rn/')).map((s) => s.holders.length)).toEqual([1, 1]);
-    await b.release({ key: 'rn/1', owner: 'o1', token: t1, mode: 'exclusive' });
-    expect((await b.inspect('rn/')).map((s) => s.key)).toEqual(['rn/2']);
-    expect(await b.renew({ key: 'rn/1', owner: 'o1', token: t1, mode: 'exclusive', ttlMs: 600 })).toEqual({ renewed: false });
-    expect(await b.renew({ key: 'rn/2', owner: 'o2', token: 99n, mode: 'exclusive', ttlMs: 600 })).toEqual({ renewed: false }); // another token
-    expect(await b.sessions!.keepAlive(id, 600)).toBe(true);
-    // once the session is closed, its former lease cannot be renewed
-    const t2 = (await b.inspect('rn/2'))[0]!.holders[0]!.token;
-    await b.sessions!.close(id);
-    expect(await b.renew({ key: 'rn/2', owner: 'o2', token: t2, mode: 'exclusive', ttlMs: 600 })).toEqual({ renewed: false });
   });
 
   it("a release whose connection was lost is asked again by core's session: the holder does not live on with its session", async () => {
@@ -270,51 +143,6 @@ describe('mysql sessions', () => {
     expect((await backend(table).acquire(request('bg/lost', 'other'))).granted).toBe(true);
   });
 
-  it('a Locks client holding 200 leases sends one keep-alive statement per interval and no renewals', async () => {
-    const inner = mysql.createPool({ uri: MYSQL_URL, connectionLimit: 8 });
-    track({ close: () => inner.end() });
-    const { pool, statements } = recordingPool(inner);
-    const raw = track(mysqlBackend({ pool, table: freshTable() }));
-    // counts calls to the Backend interface, as the conformance suite does
-    const counts: Record<string, number> = {};
-    const bump = (name: string): void => {
-      counts[name] = (counts[name] ?? 0) + 1;
-    };
-    const wrapped: Backend = Object.create(raw) as Backend;
-    for (const name of ['acquire', 'renew', 'release'] as const) {
-      const fn = raw[name] as (...args: unknown[]) => unknown;
-      Object.defineProperty(wrapped, name, { value: (...args: unknown[]) => (bump(name), fn.apply(raw, args)) });
-    }
-    const s = raw.sessions!;
-    Object.defineProperty(wrapped, 'sessions', {
-      value: {
-        open: (ttl: number) => (bump('open'), s.open(ttl)),
-        keepAlive: (id: string, ttl: number) => (bump('keepAlive'), s.keepAlive(id, ttl)),
-        close: (id: string) => (bump('close'), s.close(id)),
-      },
-    });
-    const locks = track(new Locks({ backend: wrapped }));
-    // the first keep-alive queues in the pool behind the 200 grants: the ttl leaves them room on a busy machine
-    const ttlMs = 2_000;
-    const leases = await Promise.all(Array.from({ length: 200 }, (_, i) => locks.acquire(`many/${i}`, { ttlMs })));
-    expect(counts.open).toBe(1);
-    const keepAlivesBefore = counts.keepAlive ?? 0;
-    statements.length = 0;
-    await sleep(2 * ttlMs); // ~6 intervals of ttl/3
-    const keepAlives = (counts.keepAlive ?? 0) - keepAlivesBefore;
-    expect(keepAlives).toBeGreaterThanOrEqual(3);
-    expect(keepAlives).toBeLessThanOrEqual(12); // ≈ 6, not 200 × 6
-    expect(counts.renew ?? 0).toBe(0);
-    // every statement sent meanwhile is a keep-alive CALL, one per interval
-    expect(statements.length).toBe(keepAlives);
-    expect(statements.every((t) => t.startsWith('CALL') && t.includes('_keepalive'))).toBe(true);
-    expect(leases.every((l) => l.held)).toBe(true);
-    // and the coordinator agrees: every holder is there, its expiry moved by the keep-alives
-    const states = await locks.inspect('many/');
-    expect(states).toHaveLength(200);
-    expect(states.every((k) => k.holders.length === 1 && k.holders[0]!.expiresInMs > ttlMs / 3)).toBe(true);
-  });
-
   it('keep-alives, grants, releases and ends of four sessions racing on shared keys: no failure, one holder per key at most, every key free at the end', async () => {
     const table = freshTable();
     const clients = Array.from({ length: 4 }, () => backend(table));
@@ -350,32 +178,6 @@ describe('mysql sessions', () => {
     for (let c = 0; c < clients.length; c++) await clients[c]!.sessions!.close(ids[c]!);
     expect(await clients[0]!.inspect('race/')).toEqual([]);
     expect(await rows(`SELECT COUNT(*) AS n FROM \`${table}\``)).toEqual([{ n: 0 }]);
-  });
-
-  it('sessions: false offers none; each lease is renewed on its own', async () => {
-    const b = backend(freshTable(), { sessions: false });
-    expect(b.sessions).toBeUndefined();
-    expect(() => mysqlBackend({ uri: MYSQL_URL, sessions: 'yes' } as never)).toThrow(/sessions/);
-    await b.inspect(''); // the tables first: a lease's validity counts from its request, which would include their creation
-    const locks = track(new Locks({ backend: b }));
-    let renewals = 0;
-    locks.on('renewed', () => renewals++);
-    const lease = await locks.acquire('nosess', { ttlMs: 1_000 });
-    await sleep(1_500);
-    expect(lease.held).toBe(true);
-    expect(renewals).toBeGreaterThanOrEqual(2);
-  });
-
-  it('storage layout: sessions that ran out are deleted by the next open (the table does not grow)', async () => {
-    const table = freshTable();
-    const b = backend(table);
-    for (let i = 0; i < 5; i++) await b.sessions!.open(50);
-    await b.sessions!.open(60_000);
-    const count = async () => Number((await rows(`SELECT COUNT(*) AS n FROM \`${table}_sessions\``))[0]!.n);
-    expect(await count()).toBeGreaterThanOrEqual(1);
-    await sleep(100);
-    await b.sessions!.open(60_000);
-    expect(await count()).toBe(2);
   });
 
   describe('a leasehold-locks-mysql/1 store', () => {

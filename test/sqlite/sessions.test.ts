@@ -1,16 +1,20 @@
 /**
- * Sessions on SQLite: one keep-alive per client and ttl moves the session's expiry and every bound
- * holder's (by the machine's clock, injected here where the test is about expiry); a session that
- * runs out frees its leases (with their lock-delay), one that is closed frees them at once and wakes
- * waiters; an acquire naming a gone session writes nothing. Also a file made before sessions.
+ * Sessions on SQLite. The cases the SQL backends share run from ../helpers/backend-sessions.ts on a
+ * fresh file each: a session that is closed frees its leases at once and wakes waiters; an acquire
+ * naming a gone session writes nothing; one keep-alive per client and ttl. Here, what is SQLite's
+ * own: the cases about expiry, on the machine's clock injected (exact values: a keep-alive moves the
+ * session's expiry and every bound holder's; a session that runs out frees its leases, with their
+ * lock-delay; a session of an earlier boot is gone), this backend's own waiters and watchers woken
+ * at once, an operator deleting a session row, and a file made before sessions.
  */
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { AcquireRequest, AcquireResult, Backend } from '../../src/core/backend.js';
+import type { Backend } from '../../src/core/backend.js';
 import { Locks } from '../../src/core/locks.js';
 import { sqliteBackend, type MachineClock } from '../../src/sqlite/index.js';
-import { acquireRequest, eventually, sleep, tempDir } from '../helpers/env.js';
+import { backendSessionCases, granted, type SessionStore } from '../helpers/backend-sessions.js';
+import { acquireRequest as request, eventually, tempDir } from '../helpers/env.js';
 
 let cleanups: (() => unknown)[] = [];
 
@@ -38,13 +42,6 @@ function manualClock(epoch = 'test-boot'): MachineClock & { at: number } {
   return c;
 }
 
-function granted(result: AcquireResult): bigint {
-  if (!result.granted) throw new Error(`expected a grant, got ${JSON.stringify(result)}`);
-  return result.token;
-}
-
-const request = (key: string, owner: string, extra: Partial<AcquireRequest> = {}): AcquireRequest => acquireRequest(key, owner, extra);
-
 /** A read-only look at the file, as another process would take it. */
 function peek<T>(path: string, sql: string): T[] {
   const db = new Database(path, { readonly: true });
@@ -55,7 +52,56 @@ function peek<T>(path: string, sql: string): T[] {
   }
 }
 
-describe('sqlite sessions', () => {
+/** Every row of the holders and of the keys' token counters. */
+const snapshot = (path: string) => [peek(path, 'SELECT * FROM leasehold_locks ORDER BY key'), peek(path, 'SELECT * FROM leasehold_locks_tokens ORDER BY key')];
+
+/** A fresh file, and the tests' reads of it. */
+function store(): SessionStore {
+  const path = file();
+  return {
+    backend: (extra) => open(path, extra),
+    sessionRows: async () => peek(path, 'SELECT id FROM leasehold_locks_sessions').length,
+    waiterRows: async () => peek(path, 'SELECT * FROM leasehold_locks_waiters').length,
+    snapshot: async () => snapshot(path),
+  };
+}
+
+backendSessionCases('sqlite', {
+  store,
+  // another process's commits are seen by polling PRAGMA data_version
+  wakeBy: 'through its data_version poller',
+  // the cases about expiry are below, on an injected clock
+  serverClock: false,
+  keepAliveEntry: 'write transaction',
+  recording() {
+    // the connection, with its write transactions recorded (every write of the backend is one IMMEDIATE transaction)
+    const db = new Database(file());
+    cleanups.push(() => db.close());
+    db.pragma('journal_mode = WAL'); // as the backend sets it on a file of its own
+    db.pragma('synchronous = FULL');
+    const sent: string[] = [];
+    const recorded = new Proxy(db, {
+      get(target, prop) {
+        if (prop === 'transaction') {
+          return (fn: (...args: unknown[]) => unknown) => {
+            const tx = target.transaction(fn);
+            return Object.assign((...args: unknown[]) => tx(...args), {
+              immediate: (...args: unknown[]) => (sent.push('write transaction'), tx.immediate(...args)),
+              deferred: (...args: unknown[]) => tx.deferred(...args),
+            });
+          };
+        }
+        const value = Reflect.get(target, prop, target);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const backend = sqliteBackend({ database: recorded });
+    cleanups.push(() => backend.close());
+    return { backend, sent };
+  },
+});
+
+describe('sqlite sessions: SQLite only', () => {
   it('a keep-alive extends every lease of the session (inspect shows expiresInMs refreshed), not the leases of others', async () => {
     const clock = manualClock();
     const b = open(file(), { clock });
@@ -89,30 +135,6 @@ describe('sqlite sessions', () => {
     expect(granted(await other.acquire(request('exp/2', 'x')))).toBeGreaterThan(t2);
   });
 
-  it('closing a session frees all its leases at once (no lock-delay) and wakes a waiter in another process', async () => {
-    const path = file();
-    const a = open(path);
-    const w = open(path);
-    const { id } = await a.sessions!.open(30_000);
-    const held = granted(await a.acquire(request('close/1', 'holder', { ttlMs: 30_000, session: id, lockDelayMs: 60_000 })));
-    granted(await a.acquire(request('close/2', 'holder', { ttlMs: 30_000, session: id, lockDelayMs: 60_000 })));
-    const busy = await w.acquire(request('close/1', 'waiter'));
-    expect(busy).toMatchObject({ granted: false, holder: 'holder' });
-    expect(busy.granted === false && busy.retryInMs).toBeGreaterThan(20_000);
-    let woken = 0;
-    const off = await w.subscribe!('close/1', () => woken++);
-    await sleep(50);
-    expect(woken).toBe(0);
-    await a.sessions!.close(id);
-    expect(await eventually(() => woken > 0, 5_000)).toBe(true);
-    off();
-    expect(granted(await w.acquire(request('close/1', 'waiter')))).toBeGreaterThan(held);
-    expect((await w.acquire(request('close/2', 'waiter'))).granted).toBe(true);
-    expect((await w.inspect('close/')).map((s) => s.lockDelayRemainingMs)).toEqual([0, 0]);
-    expect(await a.sessions!.keepAlive(id, 30_000)).toBe(false);
-    await a.sessions!.close(id); // idempotent
-  });
-
   it("closing a session wakes this backend's own waiters and watchers at once", async () => {
     const b = open(file());
     const { id } = await b.sessions!.open(30_000);
@@ -125,23 +147,18 @@ describe('sqlite sessions', () => {
     for (const off of offs) off();
   });
 
-  it('an acquire naming a session that is gone (closed, ran out, or of an earlier boot) answers sessionLost and writes nothing', async () => {
+  it('an acquire naming a session that ran out, or one of an earlier boot, answers sessionLost and writes nothing', async () => {
     const clock = manualClock('boot-1');
     const path = file();
     const b = open(path, { clock });
-    const closed = (await b.sessions!.open(10_000)).id;
-    await b.sessions!.close(closed);
     const ranOut = (await b.sessions!.open(100)).id;
     const live = (await b.sessions!.open(10_000)).id;
     granted(await b.acquire(request('lost/busy', 'holder')));
     clock.at += 100;
-    const snapshot = () => [peek(path, 'SELECT * FROM leasehold_locks ORDER BY key'), peek(path, 'SELECT * FROM leasehold_locks_tokens ORDER BY key')];
-    const before = snapshot();
-    for (const session of [closed, ranOut, 'never-opened']) {
-      expect(await b.acquire(request('lost/free', 'o', { session }))).toEqual({ granted: false, sessionLost: true });
-      expect(await b.acquire(request('lost/busy', 'o', { session, queue: true }))).toEqual({ granted: false, sessionLost: true });
-    }
-    expect(snapshot()).toEqual(before);
+    const before = snapshot(path);
+    expect(await b.acquire(request('lost/free', 'o', { session: ranOut }))).toEqual({ granted: false, sessionLost: true });
+    expect(await b.acquire(request('lost/busy', 'o', { session: ranOut, queue: true }))).toEqual({ granted: false, sessionLost: true });
+    expect(snapshot(path)).toEqual(before);
     expect(peek(path, 'SELECT * FROM leasehold_locks_waiters')).toEqual([]);
     // after a reboot the machine's clock restarted: a session of the earlier boot is gone too
     const rebooted = open(path, { clock: manualClock('boot-2') });
@@ -176,69 +193,6 @@ describe('sqlite sessions', () => {
     expect((await b.inspect('retry'))[0]!.holders[0]!.expiresInMs).toBe(500);
   });
 
-  it('a Locks client holding 200 leases makes one keep-alive write transaction per interval and no renewals', async () => {
-    const path = file();
-    // the connection, with its write transactions counted (every write of the backend is one IMMEDIATE transaction)
-    const db = new Database(path);
-    cleanups.push(() => db.close());
-    db.pragma('journal_mode = WAL'); // as the backend sets it on a file of its own
-    db.pragma('synchronous = FULL');
-    let writes = 0;
-    const counted = new Proxy(db, {
-      get(target, prop) {
-        if (prop === 'transaction') {
-          return (fn: (...args: unknown[]) => unknown) => {
-            const tx = target.transaction(fn);
-            return Object.assign((...args: unknown[]) => tx(...args), {
-              immediate: (...args: unknown[]) => (writes++, tx.immediate(...args)),
-              deferred: (...args: unknown[]) => tx.deferred(...args),
-            });
-          };
-        }
-        const value = Reflect.get(target, prop, target);
-        return typeof value === 'function' ? value.bind(target) : value;
-      },
-    });
-    const raw = sqliteBackend({ database: counted });
-    cleanups.push(() => raw.close());
-    const counts: Record<string, number> = {};
-    const bump = (name: string): void => {
-      counts[name] = (counts[name] ?? 0) + 1;
-    };
-    // counts calls to the Backend interface, as the conformance suite does
-    const wrapped: Backend = Object.create(raw) as Backend;
-    for (const name of ['acquire', 'renew', 'release'] as const) {
-      const fn = raw[name] as (...args: unknown[]) => unknown;
-      Object.defineProperty(wrapped, name, { value: (...args: unknown[]) => (bump(name), fn.apply(raw, args)) });
-    }
-    const s = raw.sessions!;
-    Object.defineProperty(wrapped, 'sessions', {
-      value: {
-        open: (ttl: number) => (bump('open'), s.open(ttl)),
-        keepAlive: (id: string, ttl: number) => (bump('keepAlive'), s.keepAlive(id, ttl)),
-        close: (id: string) => (bump('close'), s.close(id)),
-      },
-    });
-    const locks = new Locks({ backend: wrapped });
-    cleanups.push(() => locks.close());
-    // 200 grants are 200 synchronous commits in a row: the ttl leaves them room on a slow disk
-    const ttlMs = 1_500;
-    const leases = await Promise.all(Array.from({ length: 200 }, (_, i) => locks.acquire(`many/${i}`, { ttlMs })));
-    expect(counts.open).toBe(1);
-    const keepAlivesBefore = counts.keepAlive ?? 0;
-    const writesBefore = writes;
-    await sleep(2 * ttlMs); // ~6 intervals of ttl/3
-    const keepAlives = (counts.keepAlive ?? 0) - keepAlivesBefore;
-    expect(keepAlives).toBeGreaterThanOrEqual(3);
-    expect(keepAlives).toBeLessThanOrEqual(12); // ≈ 6, not 200 × 6
-    expect(counts.renew ?? 0).toBe(0);
-    expect(writes - writesBefore).toBe(keepAlives); // one write transaction each, nothing else
-    expect(leases.every((l) => l.held)).toBe(true);
-    const states = await locks.inspect('many/');
-    expect(states).toHaveLength(200);
-    expect(states.every((k) => k.holders.length === 1 && k.holders[0]!.expiresInMs > ttlMs / 3)).toBe(true);
-  });
-
   it('storage layout: an operator who deletes a session row takes every lease of that client away (signalled at its next keep-alive)', async () => {
     const path = file();
     const locks = new Locks({ backend: open(path) });
@@ -256,17 +210,6 @@ describe('sqlite sessions', () => {
     const other = new Locks({ backend: open(path) });
     cleanups.push(() => other.close());
     expect((await other.acquire('op/1', { ttlMs: 600, waitMs: 3_000 })).token).toBeGreaterThan(leases[0]!.token);
-  });
-
-  it('sessions: false offers none; each lease is renewed on its own', async () => {
-    const b = open(file(), { sessions: false });
-    expect(b.sessions).toBeUndefined();
-    expect(() => sqliteBackend({ path: file(), sessions: 'yes' } as never)).toThrow(/sessions/);
-    const locks = new Locks({ backend: b });
-    cleanups.push(() => locks.close());
-    const lease = await locks.acquire('nosess', { ttlMs: 200 });
-    await sleep(400);
-    expect(lease.held).toBe(true);
   });
 
   it('storage layout: sessions that ran out are deleted by the next open (the table does not grow)', async () => {
