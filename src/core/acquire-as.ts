@@ -48,6 +48,20 @@ export interface AcquireAsRequest {
    * ended is kept for the next call too, shortened to the queue ttl (see `placeKeeping`). @default false
    */
   readonly keepPlaceOnTimeout?: boolean;
+  /**
+   * Ends the wait because a later call of the same owner takes it over (the lock service: a retry
+   * with the same Idempotency-Key while this request still waits). Unlike `signal`, the owner's
+   * queue place (and a grant answered late) is left as for a wait that ran out with
+   * `keepPlaceOnTimeout`, for the later call to keep. The call rejects with the signal's reason.
+   */
+  readonly handOver?: AbortSignal;
+  /**
+   * Every coordinator call this wait makes (asks, give-backs of late grants, the place's cancel) is
+   * added here until it settles, including those made after `acquireAs` has returned (an answer
+   * that came late). A later call of the same owner that must not overlap them waits for the set
+   * to empty (`settledCalls`).
+   */
+  readonly calls?: Set<Promise<unknown>>;
   /** Longest single coordinator call. @default 5000 */
   readonly operationTimeoutMs?: number;
   /** Ends the wait at once (the caller is shutting down), like `Locks.close()`. */
@@ -88,22 +102,37 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
   const holder = checkLabel(request.holder, 'holder');
   // Every option the library knows keeps its own check and default; the wait defaults to one attempt.
   const options = resolveAcquireOptions(request.options, { ...DEFAULTS, waitMs: 0 }, 'options');
+  const callerSignal = options.signal;
+  const { handOver } = request;
+  if (handOver) options.signal = callerSignal ? AbortSignal.any([callerSignal, handOver]) : handOver;
   const clock = request.clock ?? systemClock;
   const { backend, owner, session } = request;
   const closing = request.closing ?? new AbortController().signal;
   const asked = (req: AcquireRequest): AcquireRequest => ({ ...req, owner, ...(session !== undefined && { session }) });
+  const tracked = <T>(call: Promise<T>): Promise<T> => {
+    const calls = request.calls;
+    if (!calls) return call;
+    calls.add(call);
+    const done = (): void => {
+      calls.delete(call);
+    };
+    call.then(done, done);
+    return call;
+  };
   const places = placeKeeping(request, owner, holder, options);
   const cancelWait = backend.cancelWait;
   const view: Backend = {
     ...backend,
     acquire: async (req) => {
-      const answer = await backend.acquire(asked(req));
+      const answer = await tracked(backend.acquire(asked(req)));
       if (!answer.granted && answer.sessionLost && session !== undefined) throw new SessionGone();
       return answer;
     },
     // Called for late grants (and for a grant made as the server closes): see placeKeeping.
-    release: (req: ReleaseRequest) => (closing.aborted ? backend.release({ ...req, owner }) : places.giveBack(req)),
-    ...(cancelWait && { cancelWait: (req: { key: string; owner: string }) => places.cancel(() => cancelWait.call(backend, { ...req, owner })) }),
+    release: (req: ReleaseRequest) => tracked(closing.aborted ? backend.release({ ...req, owner }) : places.giveBack(req)),
+    ...(cancelWait && {
+      cancelWait: (req: { key: string; owner: string }) => tracked(places.cancel(() => cancelWait.call(backend, { ...req, owner }))),
+    }),
   };
   let granted: { token: bigint; ttlMs: number } | undefined;
   const events = request.events ?? new TypedEmitter<LockEvents>();
@@ -129,8 +158,10 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
     await new Acquisition(ctx, key, { ...options, label: holder }, true).run();
     places.decide(false); // a grant: the Acquisition cancels nothing of a kept grant anyway
   } catch (error) {
-    // Only a wait that ran out keeps its place: a caller who went away or a closing server gives it up.
-    places.decide(error instanceof AcquireTimeoutError && options.signal?.aborted !== true && !closing.aborted);
+    // Only a wait that ran out, or one handed over to the owner's next call, keeps its place: a caller
+    // who went away or a closing server gives it up.
+    const handedOver = handOver?.aborted === true && callerSignal?.aborted !== true;
+    places.decide(((error instanceof AcquireTimeoutError && options.signal?.aborted !== true) || handedOver) && !closing.aborted);
     if (error instanceof SessionGone) return { granted: false, sessionLost: true };
     throw error;
   }
@@ -189,4 +220,24 @@ function placeKeeping(
       else await release(req);
     },
   };
+}
+
+/**
+ * Resolves once `calls` (an `AcquireAsRequest.calls` set) is empty: every coordinator call of those
+ * waits has settled, including give-backs started by answers that came late. Gives up after
+ * `timeoutMs` of real time (a call the coordinator never answers); resolves either way.
+ */
+export async function settledCalls(calls: Set<Promise<unknown>>, timeoutMs: number): Promise<void> {
+  const end = performance.now() + timeoutMs;
+  while (calls.size > 0 && performance.now() < end) {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const left = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, Math.max(1, end - performance.now()));
+      timer.unref?.();
+    });
+    await Promise.race([Promise.allSettled([...calls]), left]);
+    clearTimeout(timer);
+    // A settled answer may start a give-back in its own continuation: look again after this turn.
+    await new Promise<void>((resolve) => setImmediate(resolve));
+  }
 }

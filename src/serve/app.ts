@@ -118,6 +118,7 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
     events: new TypedEmitter<LockEvents>(),
     closing: closing.signal,
     acquiring: new Set(),
+    ownerWaits: new Map(),
     sequencerKey,
   };
 

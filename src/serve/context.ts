@@ -31,10 +31,24 @@ export interface ServeContext {
   /** Acquire requests in flight (long polls among them): close() lets them answer before connections are cut. */
   readonly acquiring: Set<Promise<unknown>>;
   /**
+   * The acquire of each owner (requests with an Idempotency-Key) running in this server: a later
+   * request of the same owner hands the earlier one's wait over to itself and starts once the
+   * earlier one and its backend calls are done (see routes/locks.ts).
+   */
+  readonly ownerWaits: Map<string, OwnerWait>;
+  /**
    * The `--sequencer-key` keys: the first signs the sequencers the server issues (`lh1s.`), any of
    * them verifies the ones sent to the check route. Undefined: sequencers are unsigned (`lh1.`).
    */
   readonly sequencerKey: readonly KeyObject[] | undefined;
+}
+
+/** One owner's acquire in flight (ServeContext.ownerWaits). */
+export interface OwnerWait {
+  /** Ends its wait for the owner's next request (409 SUPERSEDED to it), its queue place kept where places are. */
+  handOver(): void;
+  /** Resolves when its request has been answered and every backend call it made has settled. */
+  readonly done: Promise<void>;
 }
 
 /** A route module: registers its routes on the app (see app.ts for the order). */

@@ -16,7 +16,7 @@ import {
 } from '../core/errors.js';
 
 /** The service's own codes, beside leasehold's. */
-export type ServiceCode = 'UNAUTHORIZED' | 'FORBIDDEN' | 'NOT_FOUND' | 'PAYLOAD_TOO_LARGE' | 'RATE_LIMITED' | 'NOT_SUPPORTED' | 'INTERNAL';
+export type ServiceCode = 'UNAUTHORIZED' | 'FORBIDDEN' | 'NOT_FOUND' | 'PAYLOAD_TOO_LARGE' | 'RATE_LIMITED' | 'NOT_SUPPORTED' | 'SUPERSEDED' | 'INTERNAL';
 
 /** An error answer: its status, code and message (and extras such as `field`, `holder`). */
 export interface ErrorBody {
@@ -26,7 +26,7 @@ export interface ErrorBody {
   readonly holder?: string;
 }
 
-/** An answer of the service's own (401, 403, 404, 413, 429, 501), thrown from a hook or a route. */
+/** An answer of the service's own (401, 403, 404, 409 SUPERSEDED, 413, 429, 501), thrown from a hook or a route. */
 export class ServiceError extends Error {
   override readonly name = 'ServiceError';
   constructor(
@@ -43,6 +43,9 @@ export class ServiceError extends Error {
 export const unauthorized = (): ServiceError => new ServiceError(401, 'UNAUTHORIZED', 'missing or unknown bearer token (Authorization: Bearer <token>)');
 export const forbidden = (what: string): ServiceError => new ServiceError(403, 'FORBIDDEN', `${what} is outside this caller's key prefixes`);
 export const notFound = (what: string, field?: string): ServiceError => new ServiceError(404, 'NOT_FOUND', what, field);
+/** The acquire's wait was taken over by a later request with the same Idempotency-Key (routes/locks.ts). */
+export const superseded = (): ServiceError =>
+  new ServiceError(409, 'SUPERSEDED', 'a later acquire with the same Idempotency-Key took this wait over (its queue place goes on with it)');
 export const notSupported = (what: string): ServiceError => new ServiceError(501, 'NOT_SUPPORTED', what);
 
 /** Status and body of an error that escaped a route or a hook. */

@@ -3,15 +3,15 @@
  * filtered to the caller's prefixes) and `POST /v1/sequencers/check` (Chubby's CheckSequencer).
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { acquireAs } from '../../core/acquire-as.js';
+import { acquireAs, settledCalls } from '../../core/acquire-as.js';
 import type { KeyState } from '../../core/backend.js';
 import { ClosedError, InvalidArgumentError } from '../../core/errors.js';
 import { checkLabel, DEFAULTS, resolveAcquireOptions } from '../../core/options.js';
 import { checkKey, checkPrefix, type LockMode } from '../../core/validate.js';
 import { listingPrefixes, mayUse } from '../auth.js';
-import { bounded, callerOf, type RouteModule, type ServeContext } from '../context.js';
+import { bounded, callerOf, type OwnerWait, type RouteModule, type ServeContext } from '../context.js';
 import { checkedSequencer, issuedSequencer } from '../sequencers.js';
-import { forbidden, notFound } from '../errors.js';
+import { forbidden, notFound, superseded } from '../errors.js';
 import { decodeSessionHandle, deriveOwner, encodeLeaseHandle, ownerSeed } from '../handles.js';
 import * as s from '../schemas.js';
 
@@ -139,8 +139,35 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
     if (!reply.raw.writableEnded) gone.abort(new ClosedError('HTTP request'));
   };
   reply.raw.on('close', onClose);
+  // One owner, one wait at a time in this server: a request with the same Idempotency-Key as one
+  // still running (a client's retry after a timeout, its first request not yet seen to be gone)
+  // takes the wait over. Run side by side, the two were one owner waiting twice: the first one's
+  // end cancelled the place the second had refreshed, and gave back a late grant the second may
+  // have been answered with (the same owner is answered with its grant), leaving its client a
+  // lease the coordinator had released. The earlier one ends (its place kept where places are),
+  // and this one starts when it and every backend call it made are done.
+  const calls = new Set<Promise<unknown>>();
+  const handOver = new AbortController();
+  let waitDone = (): void => {};
+  const mine: OwnerWait | undefined =
+    typeof idempotencyKey === 'string'
+      ? {
+          handOver: () => handOver.abort(superseded()),
+          done: new Promise<void>((resolve) => {
+            waitDone = resolve;
+          }).then(() => settledCalls(calls, 2 * ctx.operationTimeoutMs)),
+        }
+      : undefined;
+  const previous = mine ? ctx.ownerWaits.get(owner) : undefined;
+  if (mine) ctx.ownerWaits.set(owner, mine);
   const grantedAt = ctx.wallNow();
   try {
+    if (previous) {
+      previous.handOver();
+      await previous.done;
+      if (gone.signal.aborted) throw gone.signal.reason;
+      if (handOver.signal.aborted) throw handOver.signal.reason;
+    }
     const result = await acquireAs({
       backend: ctx.backend,
       key,
@@ -157,6 +184,8 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
       },
       ...(session && { session: session.id }),
       keepPlaceOnTimeout,
+      handOver: handOver.signal,
+      calls,
       operationTimeoutMs: ctx.operationTimeoutMs,
       closing: ctx.closing,
       events: ctx.events,
@@ -169,6 +198,8 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
       await bounded(ctx, 'release', ctx.backend.release({ key, owner, token: result.token, mode })).catch(() => {});
       throw gone.signal.reason;
     }
+    // Handed over as the grant was made: the next request of the owner is answered with this grant
+    // (the coordinator answers an owner that holds with its grant), so it is left held for it.
     const lease = encodeLeaseHandle({
       key,
       token: result.token,
@@ -184,6 +215,8 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
     return { lease, key, token: String(result.token), sequencer: issuedSequencer(ctx, key, mode, result.token), ttlMs: result.ttlMs, mode };
   } finally {
     reply.raw.off('close', onClose);
+    if (mine && ctx.ownerWaits.get(owner) === mine) ctx.ownerWaits.delete(owner);
+    waitDone();
   }
 }
 
