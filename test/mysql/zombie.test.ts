@@ -1,6 +1,6 @@
 /**
  * The zombie scenario (the README's core claim) with real processes on a mysql:// URL: worker
- * processes (test/fixtures/mysql-counter-worker.mjs) take the lease on "counter" from the MySQL
+ * processes (test/fixtures/sql-counter-worker.mjs) take the lease on "counter" from the MySQL
  * backend and increment a counter in the same MariaDB through mysqlFence. One is SIGSTOPped past
  * its ttl while it holds the lease; another takes over and writes; the frozen one, resumed, tries
  * its late write, which the fence refuses (StaleTokenError). The control run writes with a plain
