@@ -31,9 +31,10 @@ export interface ServeContext {
   /** Acquire requests in flight (long polls among them): close() lets them answer before connections are cut. */
   readonly acquiring: Set<Promise<unknown>>;
   /**
-   * The acquire of each owner (requests with an Idempotency-Key) running in this server: a later
-   * request of the same owner hands the earlier one's wait over to itself and starts once the
-   * earlier one and its backend calls are done (see routes/locks.ts).
+   * The acquire of each owner (requests with an Idempotency-Key) on each key running in this server,
+   * by `<key>\n<owner>`: a later request of the same owner on the same key hands the earlier one's
+   * wait over to itself and starts once the earlier one and its backend calls are done (see
+   * routes/locks.ts).
    */
   readonly ownerWaits: Map<string, OwnerWait>;
   /**

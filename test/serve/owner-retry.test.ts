@@ -133,4 +133,17 @@ describe('a retry with the same Idempotency-Key while the first request’s back
     const renewed = await http(s.url, 'POST', `/v1/leases/${got.body.lease}/renew`);
     expect(renewed.status).toBe(200);
   });
+  it('the same Idempotency-Key on another key is another wait: it does not end the first', async () => {
+    const s = await start({ backend: memoryBackend() });
+    const [k1, k2] = [uniqueName('one'), uniqueName('two')];
+    const held = await http(s.url, 'POST', acquirePath(k1), { ttlMs: 30_000, label: 'holder' });
+    const idem = uniqueName('client-k');
+    const waiting = http(s.url, 'POST', acquirePath(k1), { ttlMs: 30_000, waitMs: 20_000 }, { 'idempotency-key': idem });
+    expect(await eventually(async () => (await stateOf(s.url, k1)).waiters === 1, 10_000)).toBe(true);
+    const other = await http(s.url, 'POST', acquirePath(k2), { ttlMs: 30_000 }, { 'idempotency-key': idem });
+    expect(other.status).toBe(200);
+    expect((await stateOf(s.url, k1)).waiters).toBe(1); // still waiting
+    expect((await http(s.url, 'DELETE', `/v1/leases/${held.body.lease}`)).status).toBe(204);
+    expect((await waiting).status).toBe(200);
+  });
 });

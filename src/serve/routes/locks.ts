@@ -158,8 +158,10 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
           }).then(() => settledCalls(calls, 2 * ctx.operationTimeoutMs)),
         }
       : undefined;
-  const previous = mine ? ctx.ownerWaits.get(owner) : undefined;
-  if (mine) ctx.ownerWaits.set(owner, mine);
+  // Per key: the same Idempotency-Key on another key is another wait, which this one must not end.
+  const waitId = `${key}\n${owner}`;
+  const previous = mine ? ctx.ownerWaits.get(waitId) : undefined;
+  if (mine) ctx.ownerWaits.set(waitId, mine);
   const grantedAt = ctx.wallNow();
   try {
     if (previous) {
@@ -215,7 +217,7 @@ async function acquire(ctx: ServeContext, request: FastifyRequest<{ Params: { ke
     return { lease, key, token: String(result.token), sequencer: issuedSequencer(ctx, key, mode, result.token), ttlMs: result.ttlMs, mode };
   } finally {
     reply.raw.off('close', onClose);
-    if (mine && ctx.ownerWaits.get(owner) === mine) ctx.ownerWaits.delete(owner);
+    if (mine && ctx.ownerWaits.get(waitId) === mine) ctx.ownerWaits.delete(waitId);
     waitDone();
   }
 }
