@@ -121,8 +121,17 @@ export async function acquireAs(request: AcquireAsRequest): Promise<AcquireAsRes
   };
   const places = placeKeeping(request, owner, holder, options);
   const cancelWait = backend.cancelWait;
+  // Called through, never copied: a backend may be a class instance whose methods live on its prototype.
+  const subscribe = backend.subscribe;
   const view: Backend = {
-    ...backend,
+    name: backend.name,
+    capabilities: backend.capabilities,
+    renew: (req) => backend.renew(req),
+    inspect: (prefix) => backend.inspect(prefix),
+    close: () => backend.close(),
+    ...(subscribe && {
+      subscribe: (key: string, onChange: Parameters<typeof subscribe>[1], cursor?: unknown) => subscribe.call(backend, key, onChange, cursor),
+    }),
     acquire: async (req) => {
       const answer = await tracked(backend.acquire(asked(req)));
       if (!answer.granted && answer.sessionLost && session !== undefined) throw new SessionGone();

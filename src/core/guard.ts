@@ -11,7 +11,8 @@ import { ClosedError } from './errors.js';
  * Time limits are not here: core bounds each call where it makes it (`withTimeout`), because what a
  * late answer means depends on the call (a grant nobody waits for is given back).
  */
-export function guardBackend(backend: Backend): Backend {
+export function guardBackend(backend: Backend, options: { closesBackend?: boolean } = {}): Backend {
+  const closesBackend = options.closesBackend ?? true;
   let closed: Promise<void> | undefined;
   const what = `${backend.name} backend`;
   const guarded =
@@ -33,7 +34,9 @@ export function guardBackend(backend: Backend): Backend {
     renew: guarded((req) => backend.renew(req)),
     release: guarded((req) => backend.release(req)),
     inspect: guarded(async (prefix: string) => orderStates(await backend.inspect(prefix), prefix)),
-    close: () => (closed ??= Promise.resolve().then(() => backend.close())),
+    // closesBackend false: a backend lent by its owner (the lock service's `backend` option) is only
+    // refused from here on, and left open for its owner.
+    close: () => (closed ??= closesBackend ? Promise.resolve().then(() => backend.close()) : Promise.resolve()),
     ...(backend.subscribe && {
       subscribe: guarded((key: string, onChange: Parameters<NonNullable<Backend['subscribe']>>[1], cursor?: unknown) =>
         backend.subscribe!(key, onChange, cursor),

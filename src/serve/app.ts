@@ -103,8 +103,10 @@ export async function createLockServer(options: LockServerOptions): Promise<Lock
   const owned = o.url !== undefined;
   const source = o.url !== undefined ? backendLoader(o.url) : o.backend!;
   const raw = typeof source === 'function' ? await source() : source;
-  // A backend the caller passed stays open when the server closes: it is theirs (as with a client passed to a backend).
-  const backend = guardBackend(owned ? raw : { ...raw, close: async () => {} });
+  // A backend the caller passed stays open when the server closes: it is theirs (as with a client
+  // passed to a backend). Called through, never copied: a backend may be a class instance whose
+  // methods live on its prototype and use its private fields (etcd's).
+  const backend = guardBackend(raw, { closesBackend: owned });
   const clock = o.clock ?? systemClock;
   const operationTimeoutMs = o.operationTimeoutMs ?? DEFAULTS.operationTimeoutMs;
   const closing = new AbortController();
