@@ -12,7 +12,9 @@ import pg from 'pg';
 import { afterAll } from 'vitest';
 import { httpBackend } from '../../src/http/index.js';
 import { type BackendHarness, backendConformance } from '../../src/testing/index.js';
-import { PG_URL, tempDir, uniqueName } from '../helpers/env.js';
+import { startCluster } from '../fixtures/etcd-cluster.mjs';
+import { MYSQL_URL, PG_URL, tempDir, uniqueName } from '../helpers/env.js';
+import { dropLeaseTables } from '../mysql/support.js';
 import { deleteKeys, REDIS_URL } from '../redis/servers.js';
 
 const SERVER = fileURLToPath(new URL('../http/lock-server-process.mjs', import.meta.url));
@@ -22,7 +24,7 @@ afterAll(() => {
 });
 
 /** Starts the lock service process over the backend `spec` describes; resolves once it listens. */
-async function lockServer(spec: Record<string, string>): Promise<{ url: () => string; restart(): Promise<void>; stop(): Promise<void> }> {
+async function lockServer(spec: Record<string, unknown>): Promise<{ url: () => string; restart(): Promise<void>; stop(): Promise<void> }> {
   const child = spawn(process.execPath, [SERVER, JSON.stringify(spec)], { stdio: ['pipe', 'pipe', 'inherit'] });
   children.add(child);
   const lines = createInterface({ input: child.stdout! });
@@ -50,7 +52,7 @@ async function lockServer(spec: Record<string, string>): Promise<{ url: () => st
 }
 
 /** Clients of a lock service process over `spec`'s backend; `cleanup` removes what the backend stored. */
-async function overHttp(spec: Record<string, string>, ttlMs: number, cleanup: () => Promise<void> = async () => {}): Promise<BackendHarness> {
+async function overHttp(spec: Record<string, unknown>, ttlMs: number, cleanup: () => Promise<void> = async () => {}): Promise<BackendHarness> {
   const server = await lockServer(spec);
   return {
     connect: async () => httpBackend({ url: server.url() }),
@@ -92,4 +94,23 @@ backendConformance('http → postgres', async () => {
 backendConformance('http → redis', async () => {
   const prefix = `${uniqueName('lhhttp')}:`;
   return overHttp({ backend: 'redis', url: REDIS_URL, prefix }, 1_000, () => deleteKeys(REDIS_URL, prefix));
+});
+
+backendConformance('http → mysql', async () => {
+  const table = uniqueName('lh_http').slice(0, 40);
+  return overHttp({ backend: 'mysql', url: MYSQL_URL, table }, 1_000, () => dropLeaseTables(table));
+});
+
+// etcd's places are granted by their position and its grants handed to a queued session by
+// itself: the service's long polls do not keep places there (docs/http-api.md). One member of our
+// own; its minimum lease is 1 s, so the suite's ttls get more room over the wire.
+backendConformance('http → etcd', async () => {
+  const cluster = await startCluster({ members: 1, heartbeatMs: 50, electionMs: 500 });
+  const prefix = uniqueName('lhhttp');
+  try {
+    return await overHttp({ backend: 'etcd', hosts: cluster.endpoints, prefix }, 1_500, () => cluster.stop());
+  } catch (error) {
+    await cluster.stop();
+    throw error;
+  }
 });

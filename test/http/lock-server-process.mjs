@@ -3,13 +3,15 @@
 // server do not share an event loop, as in production, so a burst of requests from the clients does
 // not stall their own keep-alive timers.
 //
-//   node lock-server-process.mjs '{"backend":"memory"|"memory-sessions"|"sqlite"|"postgres"|"redis", "path"?, "url"?, "schema"?, "prefix"?}'
+//   node lock-server-process.mjs '{"backend":"memory"|"memory-sessions"|"sqlite"|"postgres"|"redis"|"mysql"|"etcd", "path"?, "url"?, "schema"?, "prefix"?, "table"?, "hosts"?}'
 //
 // Prints {"url": …} once listening. Commands on stdin: "restart" (close the server and start a new
 // one over the same backend on the same port, as a restarted stateless server; prints {"url"}
 // again), "stop" (close the server and the backend, then exit).
 import { createInterface } from 'node:readline';
+import { etcdBackend } from '../../dist/etcd/index.js';
 import { memoryBackend } from '../../dist/memory/index.js';
+import { mysqlBackend } from '../../dist/mysql/index.js';
 import { postgresBackend } from '../../dist/postgres/index.js';
 import { redisBackend } from '../../dist/redis/index.js';
 import { startLockServer } from '../../dist/serve/index.js';
@@ -22,6 +24,8 @@ const backends = {
   sqlite: () => sqliteBackend({ path: cfg.path }),
   postgres: () => postgresBackend({ connectionString: cfg.url, schema: cfg.schema, poolSize: 8 }),
   redis: () => redisBackend({ url: cfg.url, prefix: cfg.prefix }),
+  mysql: () => mysqlBackend({ uri: cfg.url, table: cfg.table, poolSize: 8 }),
+  etcd: () => etcdBackend({ hosts: cfg.hosts, prefix: cfg.prefix, minTtlMs: 1_000 }),
 };
 const backend = backends[cfg.backend]();
 let server = await startLockServer({ backend, port: 0 });
