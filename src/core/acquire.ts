@@ -235,7 +235,12 @@ export class Acquisition {
       const err = toLeaseholdError(error, backend.name);
       if (!err.retryable) this.#giveUp(err);
       if (limit.byWait && err instanceof CallTimeoutError) {
-        // No answer before the wait ran out: the wait is over, and says so.
+        // No answer before the wait ran out: the wait is over, and says so — as a timeout if the key
+        // was seen busy or no ask was answered at all, else with the failure the asks before met (a
+        // refused connection, say), as when the wait runs out between asks: "still busy" would be a
+        // claim no answer made.
+        const failed = this.#lastError;
+        if (failed && !(failed instanceof CallTimeoutError) && !this.#lastBusy) this.#giveUp(failed);
         this.#giveUp(new AcquireTimeoutError(this.#key, clock.now() - this.#start, this.#lastBusy?.holder, { cause: this.#lastError ?? err }));
       }
       this.#lastError = err;

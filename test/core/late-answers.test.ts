@@ -97,6 +97,25 @@ describe('a wait whose answers come late', () => {
     await holder.release();
   });
 
+  it('a wait that saw only failures, its last ask cut by the wait, ends with the failure: nobody was seen holding the key', async () => {
+    let asks = 0;
+    const down: Backend = {
+      ...coordinator,
+      name: 'down',
+      close: async () => {},
+      // The first ask fails at once (a refused connection); the next ones get no answer in time.
+      acquire: () => (asks++ === 0 ? Promise.reject(new BackendUnavailableError('down', 'connection refused')) : new Promise<AcquireResult>(() => {})),
+    };
+    const locks = new Locks({ backend: down, clock, holderName: 'w', random: () => 0 });
+    const failed = locks.acquire('k', { ttlMs: 60_000, waitMs: 1_000 }).catch((e: unknown) => e);
+    await advance(clock, 1_100);
+    const error = await failed;
+    expect(asks).toBeGreaterThanOrEqual(2); // the last ask was cut by the end of the wait
+    expect(error).toBeInstanceOf(BackendUnavailableError); // not ACQUIRE_TIMEOUT: "still busy" would be a claim nobody made
+    expect(error).not.toBeInstanceOf(AcquireTimeoutError);
+    expect((error as Error).message).toMatch(/connection refused/);
+  });
+
   it('leaves no queue place when every answer came after it gave up (the cancel is sent, and sent again after each late answer)', async () => {
     const holder = await client().acquire('k', { ttlMs: 60_000 });
     const link = slowLink(coordinator);

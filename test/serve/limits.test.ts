@@ -69,7 +69,7 @@ describe('a backend that cannot be reached', () => {
       });
       const answers = [
         await call(app, 'POST', acquirePath('k'), {}),
-        await call(app, 'POST', acquirePath('k'), { waitMs: 500 }),
+        await call(app, 'POST', acquirePath('k'), { waitMs: 2_000 }), // failures only: the failure, not "still busy"
         await call(app, 'GET', '/v1/locks'),
         await call(app, 'GET', '/v1/health'),
         await call(app, 'POST', `/v1/leases/${lease}/renew`),
