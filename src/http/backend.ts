@@ -66,7 +66,8 @@ class HttpBackend {
     const watch: WatchKey = (key, onChange) => this.#watches.watch(key, onChange);
     return {
       name: BACKEND_NAME,
-      // fair: the server queues a long-polling waiter in its backend's queue (FIFO where that backend is fair).
+      // fair: the server queues a long-polling waiter in its backend's queue: FIFO where that backend is
+      // fair (GET /v1/health says whether it is; over Redlock it is not, whatever is declared here).
       capabilities: Object.freeze({ fair: true, minTtlMs: 0, maxWaitMs: HTTP_DEFAULTS.longPollMs }),
       acquire: (req) => this.#acquire(req),
       renew: (req) => this.#renew(req),

@@ -30,7 +30,8 @@ export const healthRoutes: RouteModule = (app, ctx) => {
   app.get('/v1/health', { schema: healthSchema }, async () => {
     await probeBackend(ctx);
     const { fair, minTtlMs } = ctx.backend.capabilities;
-    // What a client needs to know of the backend behind the service (httpBackend mirrors it).
+    // What a client needs to know of the backend behind the service. httpBackend declares `fair`
+    // whatever this says (arrival order is kept, or not, by this backend): a client reads it here.
     return { ok: true, backend: ctx.backend.name, capabilities: { fair, minTtlMs, sessions: ctx.backend.sessions !== undefined } };
   });
 };
