@@ -106,7 +106,10 @@ export interface AcquireRequest {
   /**
    * The caller will wait if the key is busy: a fair backend enqueues `owner` (or refreshes its
    * place) and grants only when everyone ahead has been served. The place expires after
-   * `queueTtlMs` unless the caller asks again; core asks again well within it.
+   * `queueTtlMs` unless the caller asks again; core asks again well within it (every third of it).
+   * A backend may leave a place with at least half of `queueTtlMs` left as it is when its owner
+   * asks again (no write: SQLite, PostgreSQL and MySQL do, to spare a commit per ask), so a place
+   * lives at least `queueTtlMs / 2` after each ask.
    */
   readonly queue: boolean;
   readonly queueTtlMs: number;
