@@ -62,6 +62,16 @@ describe('election across processes', () => {
     expect(await eventually(() => events.some((e) => e.ev === 'leader' && e.pid !== first.pid), 10_000)).toBe(true);
     const second = events.find((e) => e.ev === 'leader' && e.pid !== first.pid)!;
     expect(BigInt(second.token)).toBeGreaterThan(BigInt(first.token));
+    // The new leader's term reaches the fence with its first write: only after that can the fence
+    // refuse the old term (a late write that comes before it is simply earlier, and accepted). On a
+    // loaded machine that write may lag the election, so wait for it before waking the old leader.
+    const reader = new Redis(REDIS_URL);
+    try {
+      const wrote = `${second.name}:${second.token}`;
+      expect(await eventually(async () => (await reader.lrange(`${prefix}writes`, 0, -1)).includes(wrote), 10_000)).toBe(true);
+    } finally {
+      reader.disconnect();
+    }
     frozen.kill('SIGCONT');
     expect(await eventually(() => events.some((e) => e.ev === 'late-write' && e.pid === first.pid), 10_000)).toBe(true);
     const lost = events.find((e) => e.ev === 'lost' && e.pid === first.pid)!;
