@@ -117,7 +117,7 @@ export async function startMariaDb(): Promise<MariaDb> {
   const logFile = join(dir, 'server.log');
   // mariadbd refuses to run as root unless told to; as another user it runs as that user.
   const user = process.getuid?.() === 0 ? ['--user=root'] : [];
-  const port = await freePort();
+  let port = await freePort();
   let child: ChildProcess | undefined;
   let destroyed = false;
 
@@ -183,7 +183,16 @@ export async function startMariaDb(): Promise<MariaDb> {
       { encoding: 'utf8', timeout: START_TIMEOUT_MS * 2 },
     );
     if (install.status !== 0) throw new Error(`${bins.installDb} failed (${install.status ?? install.signal}): ${install.stderr || install.stdout}`);
-    await start();
+    // The port was free when picked; another process may bind it first (mariadbd then exits naming it). New port, new try.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await start();
+        break;
+      } catch (error) {
+        if (attempt >= 3 || !/Address already in use|Can't start server/i.test(String(error))) throw error;
+        port = await freePort();
+      }
+    }
     const admin = await mysql.createConnection({ host: '127.0.0.1', port, user: 'root' });
     try {
       await admin.query('CREATE DATABASE IF NOT EXISTS test');

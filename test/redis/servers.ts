@@ -68,7 +68,7 @@ const dirs: string[] = [];
  * file there, and a server would load it at start-up (not empty any more).
  */
 export async function startRedis(extraArgs: string[] = []): Promise<RedisServer> {
-  const port = await freePort();
+  let port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'leasehold-redis-'));
   dirs.push(dir);
   let child: ChildProcess | undefined;
@@ -89,7 +89,17 @@ export async function startRedis(extraArgs: string[] = []): Promise<RedisServer>
     }
     throw new Error(`redis-server on port ${port} did not answer PING`);
   };
-  await start();
+  // The port was free when picked; another process may bind it before redis-server does (it then
+  // exits at once). New port, new try.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await start();
+      break;
+    } catch (error) {
+      if (attempt >= 3 || !/exited/.test(String(error))) throw error;
+      port = await freePort();
+    }
+  }
   return {
     port,
     url: `redis://127.0.0.1:${port}`,
