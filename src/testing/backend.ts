@@ -14,6 +14,7 @@ import { AcquireTimeoutError, ClosedError, InvalidArgumentError, LeaseLostError 
 import { Locks, type LocksOptions } from '../core/locks.js';
 import type { Lease } from '../core/lease.js';
 import { parseSequencer } from '../core/token.js';
+import { counting } from './counting.js';
 import { eventually, sleep } from './wait.js';
 
 /** What the suite needs to drive a backend: made once per suite, in `beforeAll`. */
@@ -39,36 +40,6 @@ type Granted = Extract<AcquireResult, { granted: true }>;
 function expectGranted(result: AcquireResult): Granted {
   expect(result.granted, 'the coordinator granted the request').toBe(true);
   return result as Granted;
-}
-
-/** Counts calls to the Backend interface (instrumentation of the public surface, not a mock). */
-function counting(backend: Backend): { backend: Backend; counts: Record<string, number>; sessionIds: string[] } {
-  const counts: Record<string, number> = {};
-  const sessionIds: string[] = [];
-  const bump = (name: string): void => {
-    counts[name] = (counts[name] ?? 0) + 1;
-  };
-  const wrapped: Backend = Object.create(backend) as Backend;
-  for (const name of ['acquire', 'renew', 'release', 'inspect', 'close', 'subscribe', 'cancelWait'] as const) {
-    const fn = backend[name] as ((...args: unknown[]) => unknown) | undefined;
-    if (fn) Object.defineProperty(wrapped, name, { value: (...args: unknown[]) => (bump(name), fn.apply(backend, args)) });
-  }
-  if (backend.sessions) {
-    const s = backend.sessions;
-    Object.defineProperty(wrapped, 'sessions', {
-      value: {
-        open: async (ttl: number) => {
-          bump('sessions.open');
-          const r = await s.open(ttl);
-          sessionIds.push(r.id);
-          return r;
-        },
-        keepAlive: (id: string, ttl: number) => (bump('sessions.keepAlive'), s.keepAlive(id, ttl)),
-        close: (id: string) => (bump('sessions.close'), s.close(id)),
-      },
-    });
-  }
-  return { backend: wrapped, counts, sessionIds };
 }
 
 export function backendConformance(name: string, make: () => Promise<BackendHarness>): void {

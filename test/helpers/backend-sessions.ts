@@ -11,6 +11,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import type { AcquireResult, Backend } from '../../src/core/backend.js';
 import { Locks } from '../../src/core/locks.js';
+import { counting } from '../../src/testing/counting.js';
 import { acquireRequest as request, eventually, sleep } from './env.js';
 
 /** How the store binds holders to sessions (read from its tables: the storage layout is the subject). */
@@ -70,34 +71,6 @@ export interface SessionHarness {
 export function granted(result: AcquireResult): bigint {
   if (!result.granted) throw new Error(`expected a grant, got ${JSON.stringify(result)}`);
   return result.token;
-}
-
-/** Counts calls to the Backend interface and records the sessions it opens, as the conformance suite does (instrumentation, not a mock). */
-function counting(raw: Backend): { backend: Backend; counts: Record<string, number>; sessionIds: string[] } {
-  const counts: Record<string, number> = {};
-  const sessionIds: string[] = [];
-  const bump = (name: string): void => {
-    counts[name] = (counts[name] ?? 0) + 1;
-  };
-  const wrapped: Backend = Object.create(raw) as Backend;
-  for (const name of ['acquire', 'renew', 'release'] as const) {
-    const fn = raw[name] as (...args: unknown[]) => unknown;
-    Object.defineProperty(wrapped, name, { value: (...args: unknown[]) => (bump(name), fn.apply(raw, args)) });
-  }
-  const s = raw.sessions!;
-  Object.defineProperty(wrapped, 'sessions', {
-    value: {
-      open: async (ttl: number) => {
-        bump('open');
-        const opened = await s.open(ttl);
-        sessionIds.push(opened.id);
-        return opened;
-      },
-      keepAlive: (id: string, ttl: number) => (bump('keepAlive'), s.keepAlive(id, ttl)),
-      close: (id: string) => (bump('close'), s.close(id)),
-    },
-  });
-  return { backend: wrapped, counts, sessionIds };
 }
 
 /**
@@ -199,11 +172,11 @@ export function backendSessionCases(name: string, h: SessionHarness): void {
       // them: the ttl leaves them room on a busy machine or a slow disk
       const ttlMs = 2_000;
       const leases = await Promise.all(Array.from({ length: 200 }, (_, i) => locks.acquire(`many/${i}`, { ttlMs })));
-      expect(counts.open).toBe(1);
-      const keepAlivesBefore = counts.keepAlive ?? 0;
+      expect(counts['sessions.open']).toBe(1);
+      const keepAlivesBefore = counts['sessions.keepAlive'] ?? 0;
       recorded.sent.length = 0;
       await sleep(2 * ttlMs); // ~6 intervals of ttl/3
-      const keepAlives = (counts.keepAlive ?? 0) - keepAlivesBefore;
+      const keepAlives = (counts['sessions.keepAlive'] ?? 0) - keepAlivesBefore;
       expect(keepAlives).toBeGreaterThanOrEqual(3);
       expect(keepAlives).toBeLessThanOrEqual(12); // ≈ 6, not 200 × 6
       expect(counts.renew ?? 0).toBe(0);
