@@ -1,60 +1,13 @@
-/**
- * FIFO across long polls (docs/http-api.md, Idempotency-Key): a waiter whose poll runs out (409)
- * keeps its queue place when it asks again with the same Idempotency-Key, so waiters that poll for
- * less than the key stays held are served in arrival order — over memory, SQLite, PostgreSQL and
- * Redis, on a listening server (real HTTP). A client that disconnects gives its place up; without an
- * Idempotency-Key a poll's place ends with it; a session waiter's place on Redis (which would hand
- * the key to the session of a client that may have given up) ends with the poll too.
- */
-import { join } from 'node:path';
-import pg from 'pg';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { acquireAs } from '../../src/core/acquire-as.js';
 import type { Backend } from '../../src/core/backend.js';
 import { AcquireTimeoutError } from '../../src/core/errors.js';
 import { memoryBackend } from '../../src/memory/index.js';
-import { redisBackend } from '../../src/redis/index.js';
-import { type RunningLockServer, startLockServer } from '../../src/serve/index.js';
-import { eventually, PG_URL, sleep, tempDir, uniqueName } from '../helpers/env.js';
-import { deleteKeys, REDIS_URL } from '../redis/servers.js';
+import { eventually, sleep, uniqueName } from '../helpers/env.js';
 import { acquirePath, http } from './helpers.js';
+import { listeningServers, waitersOf } from './listening.js';
 
-const pgSchema = uniqueName('lh_serve_fifo');
-const pgUrl = `${PG_URL}${PG_URL.includes('?') ? '&' : '?'}schema=${pgSchema}`;
-const redisPrefix = `${uniqueName('lhservefifo')}:`;
-
-const servers: RunningLockServer[] = [];
-const dirs: { cleanup(): void }[] = [];
-afterEach(async () => {
-  await Promise.allSettled(servers.splice(0).map((s) => s.close()));
-  for (const d of dirs.splice(0)) d.cleanup();
-});
-afterAll(async () => {
-  const admin = new pg.Client({ connectionString: PG_URL });
-  await admin.connect();
-  try {
-    await admin.query(`DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`);
-  } finally {
-    await admin.end();
-  }
-  await deleteKeys(REDIS_URL, redisPrefix);
-});
-
-async function start(options: Parameters<typeof startLockServer>[0]): Promise<RunningLockServer> {
-  const s = await startLockServer({ host: '127.0.0.1', port: 0, ...options });
-  servers.push(s);
-  return s;
-}
-
-function sqliteUrl(): string {
-  const dir = tempDir();
-  dirs.push(dir);
-  return `sqlite:${join(dir.path, 'locks.db')}`;
-}
-
-const waitersOf = async (base: string, key: string): Promise<number> =>
-  ((await http(base, 'GET', `/v1/locks?prefix=${encodeURIComponent(key)}`)).body.locks as { key: string; waiters: number }[]).find((k) => k.key === key)
-    ?.waiters ?? 0;
+const { start, redis, backends } = listeningServers('fifo');
 
 const POLL_MS = 300;
 
@@ -75,12 +28,7 @@ async function pollingWaiter(base: string, key: string, idempotencyKey: string, 
   }
 }
 
-describe.each([
-  ['memory', () => ({ backend: memoryBackend() })],
-  ['SQLite', () => ({ url: sqliteUrl() })],
-  ['PostgreSQL', () => ({ url: pgUrl })],
-  ['Redis', () => ({ backend: redisBackend({ url: REDIS_URL, prefix: redisPrefix }) })],
-])('FIFO across long polls over %s', (name, options) => {
+describe.each(backends)('FIFO across long polls over %s', (name, options) => {
   it('three waiters polling 300 ms at a key held 1.5 s are granted in arrival order, each poll keeping its place', async () => {
     const s = await start(options());
     const key = uniqueName('fifo');
@@ -184,7 +132,7 @@ describe('queue places that are not kept', () => {
   });
 
   it('Redis: a session waiter’s place ends with its poll, so the key is never handed to the session of a client that gave up', async () => {
-    const s = await start({ backend: redisBackend({ url: REDIS_URL, prefix: redisPrefix }) });
+    const s = await start({ backend: redis() });
     const key = uniqueName('handoff');
     const held = await http(s.url, 'POST', acquirePath(key), { ttlMs: 30_000 });
     const opened = await http(s.url, 'POST', '/v1/sessions', { ttlMs: 30_000 });

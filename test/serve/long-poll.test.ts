@@ -1,40 +1,11 @@
-/**
- * The acquire long poll on a listening server (real HTTP): a waiter is woken by a release (memory
- * and SQLite backends in process), FIFO with a second waiter, counted as a waiter while it waits; a
- * client that disconnects leaves the queue; a lease is renewed and released through another server
- * over the same SQLite file, after the first is closed too; closing the server ends waiting polls
- * with 503 CLOSED at once.
- */
-import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { memoryBackend } from '../../src/memory/index.js';
-import { type RunningLockServer, startLockServer } from '../../src/serve/index.js';
-import { eventually, sleep, tempDir } from '../helpers/env.js';
+import { startLockServer } from '../../src/serve/index.js';
+import { eventually, sleep } from '../helpers/env.js';
 import { acquirePath, http } from './helpers.js';
+import { listeningServers, waitersOf } from './listening.js';
 
-const servers: RunningLockServer[] = [];
-const dirs: { cleanup(): void }[] = [];
-afterEach(async () => {
-  await Promise.all(servers.splice(0).map((s) => s.close()));
-  for (const d of dirs.splice(0)) d.cleanup();
-});
-
-async function start(options: Parameters<typeof startLockServer>[0]): Promise<RunningLockServer> {
-  const s = await startLockServer({ host: '127.0.0.1', port: 0, ...options });
-  servers.push(s);
-  return s;
-}
-
-function sqliteUrl(): string {
-  const dir = tempDir();
-  dirs.push(dir);
-  return `sqlite:${join(dir.path, 'locks.db')}`;
-}
-
-const waitersOf = async (base: string, key: string): Promise<number> => {
-  const { body } = await http(base, 'GET', `/v1/locks?prefix=${encodeURIComponent(key)}`);
-  return (body.locks as { key: string; waiters: number }[]).find((k) => k.key === key)?.waiters ?? 0;
-};
+const { start, sqliteUrl } = listeningServers('longpoll');
 
 describe.each([
   ['memory', () => ({ backend: memoryBackend() })],
@@ -88,7 +59,6 @@ describe('long poll: disconnects, restarts, closing', () => {
     const got = await http(one.url, 'POST', acquirePath('shared'), { ttlMs: 5_000 });
     expect(await http(two.url, 'POST', `/v1/leases/${got.body.lease}/renew`, { ttlMs: 8_000 })).toMatchObject({ status: 200, body: { ttlMs: 8_000 } });
     await one.close();
-    servers.splice(servers.indexOf(one), 1);
     const three = await start({ url });
     expect((await http(three.url, 'POST', `/v1/leases/${got.body.lease}/renew`)).status).toBe(200);
     expect((await http(two.url, 'POST', acquirePath('shared'), {})).status).toBe(409);

@@ -1,56 +1,11 @@
-/**
- * A retry with the same Idempotency-Key while the first request still runs in the server (a client
- * whose request timed out on its side asks again at once; the server has not yet seen the first
- * connection close). The two are one owner: run side by side, the first one's end used to cancel
- * the queue place the retry had refreshed, and to give back a late grant the retry had been
- * answered with (the coordinator answers an owner that holds with its grant), leaving the client a
- * lease the coordinator had released. Now the retry takes the wait over: the first ends with 409
- * SUPERSEDED (its place kept where places are kept), and the retry starts once the first and its
- * backend calls are done. Real HTTP, over memory, SQLite, PostgreSQL and Redis.
- */
-import { join } from 'node:path';
-import pg from 'pg';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Backend } from '../../src/core/backend.js';
 import { memoryBackend } from '../../src/memory/index.js';
-import { redisBackend } from '../../src/redis/index.js';
-import { type RunningLockServer, startLockServer } from '../../src/serve/index.js';
-import { eventually, PG_URL, sleep, tempDir, uniqueName } from '../helpers/env.js';
-import { deleteKeys, REDIS_URL } from '../redis/servers.js';
+import { eventually, sleep, uniqueName } from '../helpers/env.js';
 import { acquirePath, http } from './helpers.js';
+import { listeningServers } from './listening.js';
 
-const pgSchema = uniqueName('lh_serve_retry');
-const pgUrl = `${PG_URL}${PG_URL.includes('?') ? '&' : '?'}schema=${pgSchema}`;
-const redisPrefix = `${uniqueName('lhserveretry')}:`;
-
-const servers: RunningLockServer[] = [];
-const dirs: { cleanup(): void }[] = [];
-afterEach(async () => {
-  await Promise.allSettled(servers.splice(0).map((s) => s.close()));
-  for (const d of dirs.splice(0)) d.cleanup();
-});
-afterAll(async () => {
-  const admin = new pg.Client({ connectionString: PG_URL });
-  await admin.connect();
-  try {
-    await admin.query(`DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`);
-  } finally {
-    await admin.end();
-  }
-  await deleteKeys(REDIS_URL, redisPrefix);
-});
-
-async function start(options: Parameters<typeof startLockServer>[0]): Promise<RunningLockServer> {
-  const s = await startLockServer({ host: '127.0.0.1', port: 0, ...options });
-  servers.push(s);
-  return s;
-}
-
-function sqliteUrl(): string {
-  const dir = tempDir();
-  dirs.push(dir);
-  return `sqlite:${join(dir.path, 'locks.db')}`;
-}
+const { start, backends } = listeningServers('retry');
 
 type Holders = { token: string; expiresInMs: number }[];
 const stateOf = async (base: string, key: string): Promise<{ waiters: number; holders: Holders }> => {
@@ -65,12 +20,7 @@ function cuttable(base: string, key: string, body: Record<string, unknown>, idem
   return { answer, cut: () => cut.abort(new Error('the client gave up on this request')) };
 }
 
-describe.each([
-  ['memory', () => ({ backend: memoryBackend() })],
-  ['SQLite', () => ({ url: sqliteUrl() })],
-  ['PostgreSQL', () => ({ url: pgUrl })],
-  ['Redis', () => ({ backend: redisBackend({ url: REDIS_URL, prefix: redisPrefix }) })],
-])('a retry with the same Idempotency-Key while the first request still waits, over %s', (name, options) => {
+describe.each(backends)('a retry with the same Idempotency-Key while the first request still waits, over %s', (name, options) => {
   it('takes the wait over: the first ends with 409 SUPERSEDED, its place goes on with the retry, ahead of a later waiter; cutting the first connection then changes nothing', async () => {
     const s = await start(options());
     const key = uniqueName('retry');
